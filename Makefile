@@ -1,0 +1,66 @@
+# The two front-door commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+PIP_FLAGS ?= --disable-pip-version-check -q
+# CPU torch pinned for the dev/test setup; an unpinned torch pulls GBs of CUDA libraries.
+CONSTRAINTS := constraints.txt
+
+.PHONY: demo test lint typecheck unit slow bench gpu-check clean help
+
+help:
+	@echo "make demo   - create $(VENV), install linstream, run the demo Beam job"
+	@echo "make test   - create $(VENV), install test extras, run lint, types and the test suite"
+	@echo "make bench  - run the benchmarks in tests/bench (slow)"
+	@echo "make slow   - run the slow-marked tests (long sequences)"
+
+$(VENV)/.created:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"linstream needs Python 3.11+, found {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) $(PIP_FLAGS) install --upgrade "pip>=24" "setuptools>=69" wheel
+	touch $@
+
+$(VENV)/.demo: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
+	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
+	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e '.[test,torch,gcp]'
+	touch $@ $(VENV)/.demo
+
+demo: $(VENV)/.demo
+	$(BIN)/linstream demo
+
+# mypy cannot follow setuptools' editable import hook, so it reads the sources through a
+# small tree of links that spells out the package names (linstream.ops -> ops/, ...).
+build/typecheck/linstream:
+	mkdir -p $@
+	ln -sfn ../../../ops $@/ops
+	ln -sfn ../../../state $@/state
+	ln -sfn ../../../pipeline $@/pipeline
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.test build/typecheck/linstream
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
+		-p linstream.ops -p linstream.state -p linstream.pipeline
+
+unit: $(VENV)/.test
+	$(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+slow: $(VENV)/.test
+	$(BIN)/python -m pytest -m slow -s
+
+bench: $(VENV)/.test
+	$(BIN)/python -m pytest tests/bench -m bench -s -p no:randomly
+
+gpu-check: $(VENV)/.test
+	$(BIN)/python tests/bench/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

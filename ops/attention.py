@@ -1,0 +1,114 @@
+"""Public entry points: `causal_linear_attention` (carried state) and `linear_attention`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .attention_state import AttentionState
+from .backend import resolve_backend
+from .checks import check_eps, check_qkv, check_state
+from .chunked import DEFAULT_CHUNK_SIZE, chunked_causal
+from .feature_maps import FeatureMap, get_feature_map
+
+__all__ = ["causal_linear_attention", "linear_attention"]
+
+
+def _compute_dtype(q: Any, k: Any, v: Any) -> np.dtype:
+    """float32 when every input is float32 (or narrower), float64 otherwise."""
+    dt = np.result_type(q.dtype, k.dtype, v.dtype)
+    return np.dtype(np.float32) if dt.itemsize <= 4 else np.dtype(np.float64)
+
+
+def causal_linear_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    state: AttentionState | None = None,
+    *,
+    feature_map: str | FeatureMap = "elu+1",
+    eps: float = 1e-6,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+    state_dtype: npt.DTypeLike | None = None,
+) -> tuple[Any, AttentionState]:
+    """Causal linear attention over one chunk of a sequence, continuing from `state`.
+
+    q, k: [T, H, d_k]; v: [T, H, d_v]; state: AttentionState(S [H, F, d_v], z [H, F]) or None
+    for zeros, where F is the feature map's output width (d_k except for FAVOR+).
+    Returns (out [T, H, d_v] in v's dtype, the state after the chunk).  Calling it again on the
+    next chunk with the returned state gives the same outputs as one call on the whole sequence.
+    The state is float64 unless `state_dtype` (or the given state) says float32.  Inputs and
+    the given state are never mutated.
+    """
+    t, h, dk, dv = check_qkv(q, k, v)
+    eps = check_eps(eps)
+    fm = get_feature_map(feature_map)
+    f = fm.out_dim(dk)
+    if state is None:
+        sdt = np.dtype(state_dtype if state_dtype is not None else np.float64)
+        if sdt.kind != "f":
+            msg = f"state_dtype must be float32 or float64, got {sdt}"
+            raise TypeError(msg)
+        state = AttentionState.zeros(h, f, dv, sdt)
+    else:
+        check_state(state, h, f, dv)
+    name = resolve_backend(backend)
+    if t == 0:
+        return np.empty((0, h, dv), dtype=v.dtype), state.copy()
+    c = DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size)
+    if c < 1:
+        msg = f"chunk_size must be >= 1, got {chunk_size}"
+        raise ValueError(msg)
+    cdt = _compute_dtype(q, k, v)
+    if name == "numba":
+        from .numba_backend import numba_causal
+
+        out, new = numba_causal(q, k, v, state, feature_map=fm, eps=eps, chunk_size=c, dtype=cdt)
+    elif name == "cupy":
+        from .cupy_backend import cupy_causal
+
+        out, new = cupy_causal(q, k, v, state, feature_map=fm, eps=eps, chunk_size=c, dtype=cdt)
+    else:
+        qf = fm(np.asarray(q, dtype=cdt), xp=np)
+        kf = fm(np.asarray(k, dtype=cdt), xp=np)
+        out, new = chunked_causal(
+            qf, kf, np.asarray(v, dtype=cdt), state, eps=eps, chunk_size=c, xp=np
+        )
+    return out.astype(v.dtype, copy=False), new
+
+
+def linear_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    feature_map: str | FeatureMap = "elu+1",
+    eps: float = 1e-6,
+    backend: str = "auto",
+) -> Any:
+    """Non-causal linear attention: every query reads the whole input.
+
+    out = φ(Q)(φ(K)ᵀV) / (φ(Q)(φ(K)ᵀ1) + eps), per head.  q, k: [T, H, d_k]; v: [T, H, d_v].
+    """
+    _t, _h, _dk, _dv = check_qkv(q, k, v)
+    eps = check_eps(eps)
+    fm = get_feature_map(feature_map)
+    name = resolve_backend(backend)
+    if name == "cupy":
+        from .cupy_backend import xp_cupy as xp_mod
+
+        xp: Any = xp_mod()
+    else:
+        xp = np
+    cdt = _compute_dtype(q, k, v)
+    qf = fm(xp.asarray(q, dtype=cdt), xp=xp)
+    kf = fm(xp.asarray(k, dtype=cdt), xp=xp)
+    vv = xp.asarray(v, dtype=cdt)
+    kv = xp.einsum("thf,thd->hfd", kf, vv)
+    ksum = kf.sum(axis=0)
+    num = xp.einsum("thf,hfd->thd", qf, kv)
+    den = xp.einsum("thf,hf->th", qf, ksum)
+    return (num / (den[..., None] + eps)).astype(v.dtype, copy=False)

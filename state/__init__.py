@@ -1,0 +1,1 @@
+"""linstream.state: the per-sequence state value, its Arrow codec and the checkpoint store."""
