@@ -1,0 +1,388 @@
+"""Arrow codec of ``SequenceState``: one Arrow IPC file, the same bytes in Beam state and on disk.
+
+Schema (one row)::
+
+    seq_id: string    position: int64    next_chunk: int64
+    S: arrow.fixed_shape_tensor<float64|float32>[L, H, F, d_v]
+    z: arrow.fixed_shape_tensor<float64|float32>[L, H, F]
+
+Schema metadata: ``linstream.format_version``, ``linstream.min_reader_version``,
+``linstream.fingerprint``, ``linstream.state_dtype`` and ``linstream.digest`` (``sha256:<hex>``
+over the scalar fields, shapes, dtype, fingerprint and the little-endian tensor bytes; Arrow has
+no checksum of its own).  A reader refuses a file whose minimum reader version is above
+``READER_VERSION``; newer files that older readers may read set a lower minimum.
+
+Decoding treats the bytes as untrusted: structure, schema, shapes and dtype are checked before any
+array is touched, then fingerprint, identity, digest and finiteness.  Arrays are zero-copy views
+of the (immutable) input buffer where Arrow allows.  No pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ModelMismatchError,
+    NonFiniteStateError,
+    UnsupportedFormatVersionError,
+)
+from .sequence_state import SequenceState, zero_copy_of_immutable_buffers
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MIN_READER_VERSION",
+    "READER_VERSION",
+    "StateHeader",
+    "check_format_version",
+    "decode_state",
+    "decode_with_header",
+    "encode_state",
+    "encode_state_buffer",
+    "encode_with_digest",
+    "state_digest",
+]
+
+#: Format written by this version.
+FORMAT_VERSION = 1
+#: Oldest reader version able to read what this version writes.
+MIN_READER_VERSION = 1
+#: Newest format this reader understands (files whose minimum reader version exceeds it are
+#: refused with ``UnsupportedFormatVersionError``).
+READER_VERSION = 1
+
+_K_FORMAT = b"linstream.format_version"
+_K_MIN_READER = b"linstream.min_reader_version"
+_K_FINGERPRINT = b"linstream.fingerprint"
+_K_DTYPE = b"linstream.state_dtype"
+_K_DIGEST = b"linstream.digest"
+_COLUMNS = ("seq_id", "position", "next_chunk", "S", "z")
+_DTYPES: dict[str, np.dtype] = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+_ARROW_TYPES = {"float64": pa.float64(), "float32": pa.float32()}
+_INT_RE = re.compile(rb"[0-9]{1,9}")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+#: Bounds on what an untrusted file may declare before anything is computed from it.
+_MAX_DIM = 1 << 24
+_MAX_ELEMENTS = 1 << 32
+
+
+@dataclass(frozen=True)
+class StateHeader:
+    """What a state file says about itself (read from its schema metadata)."""
+
+    format_version: int
+    min_reader_version: int
+    fingerprint: str
+    dtype: str
+    digest: str
+    shape: tuple[int, ...]
+
+
+def _le(a: np.ndarray) -> np.ndarray:
+    if a.dtype.byteorder in "<|" or (a.dtype.byteorder == "=" and np.little_endian):
+        return a
+    return a.astype(a.dtype.newbyteorder("<"))
+
+
+def state_digest(
+    seq_id: str,
+    position: int,
+    next_chunk: int,
+    fingerprint: str,
+    S: np.ndarray,
+    z: np.ndarray,
+) -> str:
+    """``sha256:<hex>`` over the scalar fields, shapes, dtype and the little-endian tensor bytes."""
+    head = {
+        "seq_id": seq_id,
+        "position": position,
+        "next_chunk": next_chunk,
+        "fingerprint": fingerprint,
+        "dtype": str(S.dtype),
+        "S": list(S.shape),
+        "z": list(z.shape),
+    }
+    h = hashlib.sha256(b"linstream.state.v1\x00")
+    h.update(json.dumps(head, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\x00")
+    h.update(np.ascontiguousarray(_le(S)).data)
+    h.update(np.ascontiguousarray(_le(z)).data)
+    return "sha256:" + h.hexdigest()
+
+
+def _tensor_column(a: np.ndarray) -> pa.ExtensionArray:
+    arr = np.ascontiguousarray(_le(a)).reshape((1, *a.shape))
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(arr)
+
+
+def encode_state_buffer(st: SequenceState) -> pa.Buffer:
+    """``encode_state`` without the final copy into ``bytes``."""
+    return encode_with_digest(st)[0]
+
+
+def encode_with_digest(st: SequenceState) -> tuple[pa.Buffer, str]:
+    """The encoded state (an Arrow buffer) and the content digest written into it."""
+    if not isinstance(st, SequenceState):
+        msg = f"encode_state: expected a SequenceState, received {type(st).__name__}"
+        raise TypeError(msg)
+    if not st.is_finite():
+        msg = (
+            f"sequence {st.seq_id!r} at position {st.position}: expected finite S and z, "
+            "received NaN or Inf; refusing to encode"
+        )
+        raise NonFiniteStateError(msg)
+    dtype = str(st.dtype)
+    digest = state_digest(st.seq_id, st.position, st.next_chunk, st.fingerprint, st.S, st.z)
+    metadata = {
+        _K_FORMAT: str(FORMAT_VERSION).encode(),
+        _K_MIN_READER: str(MIN_READER_VERSION).encode(),
+        _K_FINGERPRINT: st.fingerprint.encode("utf-8"),
+        _K_DTYPE: dtype.encode(),
+        _K_DIGEST: digest.encode(),
+    }
+    S_col = _tensor_column(st.S)
+    z_col = _tensor_column(st.z)
+    schema = pa.schema(
+        [
+            pa.field("seq_id", pa.string(), nullable=False),
+            pa.field("position", pa.int64(), nullable=False),
+            pa.field("next_chunk", pa.int64(), nullable=False),
+            pa.field("S", S_col.type, nullable=False),
+            pa.field("z", z_col.type, nullable=False),
+        ],
+        metadata=metadata,
+    )
+    batch = pa.record_batch(
+        [
+            pa.array([st.seq_id], pa.string()),
+            pa.array([st.position], pa.int64()),
+            pa.array([st.next_chunk], pa.int64()),
+            S_col,
+            z_col,
+        ],
+        schema=schema,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue(), digest
+
+
+def encode_state(st: SequenceState) -> bytes:
+    """The state as Arrow IPC file bytes (refuses NaN/Inf with ``NonFiniteStateError``)."""
+    return encode_state_buffer(st).to_pybytes()
+
+
+# --- decoding ------------------------------------------------------------------------------
+
+
+def _corrupt(msg: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(msg)
+
+
+def _meta_int(meta: dict[bytes, bytes], key: bytes) -> int:
+    raw = meta.get(key)
+    if raw is None or not _INT_RE.fullmatch(raw):
+        msg = f"schema metadata {key.decode()}: expected a decimal integer, received {raw!r}"
+        raise _corrupt(msg)
+    return int(raw)
+
+
+def check_format_version(found: int, min_reader: int) -> None:
+    """Raise ``UnsupportedFormatVersionError`` when this reader cannot read ``found``."""
+    if min_reader > READER_VERSION or min_reader > found or found < 1:
+        msg = (
+            f"written in checkpoint format version {found} (needs a reader of version "
+            f">= {min_reader}); this linstream reads format versions 1 to {READER_VERSION}"
+        )
+        raise UnsupportedFormatVersionError(msg, found=found, supported=READER_VERSION)
+
+
+def _open(data: Any) -> pa.RecordBatchFileReader:
+    try:
+        return pa.ipc.open_file(pa.py_buffer(data))
+    except (pa.ArrowException, OSError, ValueError, TypeError, IndexError) as ex:
+        msg = f"not a readable Arrow IPC file ({len(data)} bytes): {ex}"
+        raise _corrupt(msg) from ex
+
+
+def _header(schema: pa.Schema) -> StateHeader:
+    meta = dict(schema.metadata or {})
+    found = _meta_int(meta, _K_FORMAT)
+    min_reader = _meta_int(meta, _K_MIN_READER)
+    check_format_version(found, min_reader)
+    try:
+        fingerprint = meta[_K_FINGERPRINT].decode("utf-8")
+        dtype = meta[_K_DTYPE].decode("ascii")
+        digest = meta[_K_DIGEST].decode("ascii")
+    except (KeyError, UnicodeDecodeError) as ex:
+        msg = f"schema metadata: expected fingerprint, state_dtype and digest, received {ex!r}"
+        raise _corrupt(msg) from ex
+    if dtype not in _DTYPES:
+        msg = f"schema metadata state_dtype: expected float64 or float32, received {dtype!r}"
+        raise _corrupt(msg)
+    if not _DIGEST_RE.fullmatch(digest):
+        msg = f"schema metadata digest: expected 'sha256:<64 hex>', received {digest[:80]!r}"
+        raise _corrupt(msg)
+    shape = _check_schema(schema, dtype)
+    return StateHeader(found, min_reader, fingerprint, dtype, digest, shape)
+
+
+def _check_schema(schema: pa.Schema, dtype: str) -> tuple[int, ...]:
+    names = tuple(schema.names)
+    if names != _COLUMNS:
+        msg = f"schema: expected columns {list(_COLUMNS)}, received {list(names)}"
+        raise _corrupt(msg)
+    scalars = (("seq_id", pa.string()), ("position", pa.int64()), ("next_chunk", pa.int64()))
+    for name, typ in scalars:
+        if schema.field(name).type != typ:
+            msg = f"column {name}: expected {typ}, received {schema.field(name).type}"
+            raise _corrupt(msg)
+    shapes = []
+    for name, ndim in (("S", 4), ("z", 3)):
+        typ = schema.field(name).type
+        if not isinstance(typ, pa.FixedShapeTensorType):
+            msg = f"column {name}: expected arrow.fixed_shape_tensor, received {typ}"
+            raise _corrupt(msg)
+        if typ.value_type != _ARROW_TYPES[dtype]:
+            msg = (
+                f"column {name}: expected values of the state dtype {dtype}, "
+                f"received {typ.value_type}"
+            )
+            raise _corrupt(msg)
+        shape = tuple(int(n) for n in typ.shape)
+        perm = typ.permutation
+        if perm is not None and list(perm) != list(range(len(shape))):
+            msg = f"column {name}: expected no permutation, received {list(perm)}"
+            raise _corrupt(msg)
+        if len(shape) != ndim or not all(1 <= n <= _MAX_DIM for n in shape):
+            msg = (
+                f"column {name}: expected a shape of {ndim} dimensions in 1..{_MAX_DIM}, "
+                f"received {list(shape)}"
+            )
+            raise _corrupt(msg)
+        shapes.append(shape)
+    S_shape, z_shape = shapes
+    if S_shape[:3] != z_shape:
+        msg = f"shapes: expected z [L, H, F] = S[:3] {list(S_shape[:3])}, received {list(z_shape)}"
+        raise _corrupt(msg)
+    if math.prod(S_shape) > _MAX_ELEMENTS:
+        msg = f"shape {list(S_shape)}: more than {_MAX_ELEMENTS} elements"
+        raise _corrupt(msg)
+    return S_shape
+
+
+def _tensor(batch: pa.RecordBatch, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    col = batch.column(name)
+    storage = col.storage
+    n = math.prod(shape)
+    values = storage.flatten()
+    if storage.null_count or values.null_count or len(values) != n:
+        msg = (
+            f"column {name}: expected {n} non-null values, received {len(values)} "
+            f"({values.null_count} null)"
+        )
+        raise _corrupt(msg)
+    arr = values.to_numpy(zero_copy_only=True).reshape(shape)
+    want = _DTYPES[dtype].newbyteorder("<")
+    return arr if arr.dtype == want else arr.view(want)
+
+
+def decode_state(
+    data: bytes | bytearray | memoryview | pa.Buffer,
+    *,
+    expected_fingerprint: str | None = None,
+    expected_seq_id: str | None = None,
+    expected_position: int | None = None,
+    expected_next_chunk: int | None = None,
+) -> SequenceState:
+    """Decode and check an ``encode_state`` result (untrusted input).
+
+    Checks, in order: Arrow structure, format version, schema, shapes and dtype, model
+    fingerprint, sequence id and position, digest, finite values.  Raises
+    ``CorruptCheckpointError``, ``UnsupportedFormatVersionError`` or ``ModelMismatchError``.
+    Arrays are read-only zero-copy views when ``data`` is immutable (bytes, Arrow buffer).
+    """
+    return decode_with_header(
+        data,
+        expected_fingerprint=expected_fingerprint,
+        expected_seq_id=expected_seq_id,
+        expected_position=expected_position,
+        expected_next_chunk=expected_next_chunk,
+    )[0]
+
+
+def decode_with_header(
+    data: bytes | bytearray | memoryview | pa.Buffer,
+    *,
+    expected_fingerprint: str | None = None,
+    expected_seq_id: str | None = None,
+    expected_position: int | None = None,
+    expected_next_chunk: int | None = None,
+) -> tuple[SequenceState, StateHeader]:
+    """``decode_state`` that also returns what the file's metadata says (``StateHeader``)."""
+    if not isinstance(data, bytes | bytearray | memoryview | pa.Buffer):
+        msg = f"decode_state: expected bytes, received {type(data).__name__}"
+        raise TypeError(msg)
+    if not isinstance(data, bytes) and not (isinstance(data, pa.Buffer) and not data.is_mutable):
+        data = bytes(data)  # zero-copy views only of memory nobody can change
+    reader = _open(data)
+    header = _header(reader.schema)
+    try:
+        if reader.num_record_batches != 1:
+            msg = f"expected 1 record batch, received {reader.num_record_batches}"
+            raise _corrupt(msg)
+        batch = reader.get_batch(0)
+        batch.validate(full=True)
+    except CheckpointError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError) as ex:
+        msg = f"damaged Arrow record batch: {ex}"
+        raise _corrupt(msg) from ex
+    if batch.num_rows != 1 or any(c.null_count for c in batch.columns):
+        msg = f"expected 1 row without nulls, received {batch.num_rows} rows"
+        raise _corrupt(msg)
+    S = _tensor(batch, "S", header.shape, header.dtype)
+    z = _tensor(batch, "z", header.shape[:3], header.dtype)
+    seq_id = batch.column("seq_id")[0].as_py()
+    position = batch.column("position")[0].as_py()
+    next_chunk = batch.column("next_chunk")[0].as_py()
+    if position < 0 or next_chunk < 0:
+        msg = f"position and next_chunk: expected >= 0, received {position} and {next_chunk}"
+        raise _corrupt(msg)
+    if expected_fingerprint is not None and header.fingerprint != expected_fingerprint:
+        msg = (
+            f"state of another model: expected fingerprint {expected_fingerprint[:16]}…, "
+            f"received {header.fingerprint[:16]}…"
+        )
+        raise ModelMismatchError(msg)
+    for what, want, got in (
+        ("sequence id", expected_seq_id, seq_id),
+        ("position", expected_position, position),
+        ("next chunk", expected_next_chunk, next_chunk),
+    ):
+        if want is not None and want != got:
+            msg = f"{what}: expected {want!r}, received {got!r}"
+            raise _corrupt(msg)
+    digest = state_digest(seq_id, position, next_chunk, header.fingerprint, S, z)
+    if not hmac.compare_digest(digest, header.digest):
+        msg = (
+            f"content digest mismatch (damaged tensor data or fields): expected "
+            f"{header.digest[:23]}…, computed {digest[:23]}…"
+        )
+        raise _corrupt(msg)
+    if not (np.isfinite(S).all() and np.isfinite(z).all()):
+        msg = "expected finite S and z, received NaN or Inf"
+        raise _corrupt(msg)
+    with zero_copy_of_immutable_buffers():
+        st = SequenceState(seq_id, position, next_chunk, S, z, header.fingerprint)
+    return st, header

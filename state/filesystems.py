@@ -1,0 +1,305 @@
+"""The two storage primitives the checkpoint store needs, on local disk and on fsspec.
+
+``write_immutable(path, data)``: the file at ``path`` holds ``data`` durably when it returns
+(content-addressed names: an existing file with the same name is left alone when it already holds
+these bytes).  ``create_exclusive(path, data)``: create-if-absent, durable, returns False when the
+name already exists.  Local disk: write a unique temporary file, fsync it, ``os.link`` it to the
+final name (link fails if the name exists), fsync the folder.  fsspec: ``pipe_file`` for data and
+``open(path, "xb")`` for the exclusive create (memory://, gcsfs, s3fs, adlfs support it on
+recent versions; object stores make an object visible only when its upload completes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from .paths import TMP_PREFIX
+
+__all__ = ["FsspecStorage", "LocalStorage", "Storage", "open_storage"]
+
+
+class Storage(Protocol):
+    root: str
+
+    def join(self, *parts: str) -> str: ...
+    def makedirs(self, path: str) -> None: ...
+    def list_dir(self, path: str) -> list[str]: ...
+    def read(self, path: str, limit: int) -> bytes: ...
+    def size(self, path: str) -> int: ...
+    def write_immutable(self, path: str, data: Any) -> None: ...
+    def create_exclusive(self, path: str, data: bytes) -> bool: ...
+    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool: ...
+    def remove(self, path: str) -> None: ...
+    def mtime(self, path: str) -> float | None: ...
+    def is_dir(self, path: str) -> bool: ...
+
+
+#: ``prepare(sha256 of data) -> (data file path, manifest bytes)``, called once per commit.
+Prepare = Callable[[str], tuple[str, bytes]]
+
+
+def _tmp_name(path: str) -> str:
+    head, _, _ = path.rpartition("/")
+    return f"{head}/{TMP_PREFIX}{uuid.uuid4().hex}"
+
+
+class LocalStorage:
+    """Local disk with POSIX durability: fsync of files and of the folder."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root)).replace(os.sep, "/")
+
+    def join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def read(self, path: str, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes (so a caller sees a file longer than it should be)."""
+        with open(path, "rb", buffering=0) as f:
+            return f.readall() if limit < 0 else _read_up_to(f, limit + 1)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def _write_tmp(self, path: str, data: Any) -> str:
+        tmp = _tmp_name(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
+
+    def write_tmp_async(self, path: str, data: Any) -> _Pending:
+        """Write and fsync a temporary file in a thread (overlaps the flush with other work)."""
+        return _Pending(self._write_tmp, path, data)
+
+    def publish_immutable(self, tmp: str, path: str, data: Any) -> None:
+        """Link a written temporary file to its content-addressed name, then drop the temp."""
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            # Same name = same content hash; repair a damaged copy, never touch a good one.
+            if self.read(path, len(memoryview(data).cast("B"))) != bytes(data):
+                os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def write_immutable(self, path: str, data: Any) -> None:
+        self.publish_immutable(self._write_tmp(path, data), path, data)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        tmp = self._write_tmp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.sync_dir(path.rpartition("/")[0])
+        return True
+
+    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:
+        """Data file, then manifest (create-if-absent); False when the manifest existed.
+
+        The data goes to a temporary file, fsynced in a thread while this thread hashes the
+        data, builds the manifest and writes + fsyncs it to its own temporary file: both
+        contents are durable before either name exists.  Then the data file is linked to its
+        content-addressed name, the manifest is linked (the commit: ``link`` fails if the name
+        exists) and the folder is fsynced once.  Journaling filesystems (ext4, xfs) persist the
+        two links in order; elsewhere a crash inside that last fsync may leave a manifest whose
+        data file is missing: restore reports it as corrupt and a retried commit of the same
+        state repairs it (the data file is content-addressed).  A manifest is never visible
+        half-written.
+        """
+        pending = self.write_tmp_async(manifest_path, data)
+        manifest_tmp = None
+        try:
+            data_path, manifest = prepare(hashlib.sha256(data).hexdigest())
+            manifest_tmp = self._write_tmp(manifest_path, manifest)
+        finally:
+            data_tmp = pending.result()
+            if manifest_tmp is None:  # prepare or the manifest write failed
+                os.unlink(data_tmp)
+        try:
+            self.publish_immutable(data_tmp, data_path, data)
+            try:
+                os.link(manifest_tmp, manifest_path)
+            except FileExistsError:
+                return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(manifest_tmp)
+        self.sync_dir(manifest_path.rpartition("/")[0])
+        return True
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def mtime(self, path: str) -> float | None:
+        try:
+            return os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+
+
+def _read_up_to(f: Any, n: int) -> bytes:
+    chunks = []
+    while n > 0:
+        chunk = f.read(n)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Pending:
+    """A call running in a thread; ``result()`` re-raises its exception."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any, *args: Any) -> None:
+        try:
+            self._result = fn(*args)
+        except BaseException as ex:  # handed to result()
+            self._error = ex
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class FsspecStorage:
+    """Any fsspec filesystem (memory://, gs://, s3://, ...)."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url)
+        self.fs = fs
+        self.protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.root = path.rstrip("/")
+
+    def join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(path, detail=False, refresh=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except TypeError:  # filesystems without `refresh`
+            entries = self.fs.ls(path, detail=False)
+        return sorted({e.rstrip("/").rpartition("/")[2] for e in entries})
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return bool(self.fs.isdir(path))
+        except FileNotFoundError:
+            return False
+
+    def read(self, path: str, limit: int) -> bytes:
+        with self.fs.open(path, "rb") as f:
+            return bytes(f.read(limit + 1))
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(path))
+
+    def write_immutable(self, path: str, data: Any) -> None:
+        if self.fs.exists(path):
+            with contextlib.suppress(FileNotFoundError):
+                if self.read(path, len(memoryview(data).cast("B"))) == bytes(data):
+                    return
+        self.fs.pipe_file(path, bytes(data))
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        try:
+            with self.fs.open(path, "xb") as f:
+                f.write(data)
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError) as ex:
+            msg = (
+                f"filesystem {self.protocol!r} cannot create {path} exclusively (mode 'xb'): "
+                f"{ex}; upgrade its fsspec implementation (gcsfs, s3fs, adlfs) to a version "
+                "with exclusive writes"
+            )
+            raise OSError(msg) from ex
+        return True
+
+    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:
+        """Data object first, then the manifest with an exclusive create (the commit)."""
+        data_path, manifest = prepare(hashlib.sha256(data).hexdigest())
+        self.write_immutable(data_path, data)
+        return self.create_exclusive(manifest_path, manifest)
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+    def mtime(self, path: str) -> float | None:
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        for key in ("mtime", "updated", "LastModified", "last_modified", "created"):
+            value = info.get(key)
+            if isinstance(value, int | float):
+                return float(value)
+            if isinstance(value, datetime):
+                return value.timestamp()
+            if isinstance(value, str):
+                with contextlib.suppress(ValueError):
+                    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return None
+
+
+def open_storage(root: str) -> LocalStorage | FsspecStorage:
+    """Local paths and ``file://`` URLs use ``LocalStorage``; other URLs go through fsspec."""
+    if "://" not in root:
+        return LocalStorage(root)
+    if root.startswith("file://"):
+        return LocalStorage(root[len("file://") :])
+    return FsspecStorage(root)

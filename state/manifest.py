@@ -1,0 +1,122 @@
+"""The commit manifest: a small JSON file whose create-if-absent creation is the commit.
+
+It names the immutable data file and records its size and SHA-256, so that a restore checks the
+bytes before handing them to the Arrow reader.  Manifests are untrusted input like data files:
+``Manifest.parse`` checks every field's type and range, and that the data file name is a plain
+name (no path) in the expected form.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .codec import check_format_version
+from .errors import CorruptCheckpointError, UnsupportedFormatVersionError
+from .paths import data_name, parse_data_name
+
+__all__ = ["MAX_MANIFEST_BYTES", "Manifest"]
+
+MAX_MANIFEST_BYTES = 64 * 1024
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_MAX_DATA_BYTES = 1 << 40
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    min_reader_version: int
+    seq_id: str
+    position: int
+    next_chunk: int
+    fingerprint: str
+    dtype: str
+    shape: tuple[int, int, int, int]
+    data_file: str
+    size: int
+    sha256: str
+    digest: str
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (sorted keys, ASCII): equal commits give byte-equal manifests."""
+        fields = asdict(self)
+        fields["shape"] = list(self.shape)
+        return (json.dumps(fields, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
+
+    @classmethod
+    def parse(cls, raw: bytes, *, path: str, position: int | None = None) -> Manifest:
+        """Parse and check ``raw``; format version first.  Raises ``CheckpointError``s."""
+
+        def bad(why: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(f"manifest {why}", path=path)
+
+        if len(raw) == 0:
+            msg = "is empty (a crash while it was written?)"
+            raise bad(msg)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            msg = f"is larger than {MAX_MANIFEST_BYTES} bytes"
+            raise bad(msg)
+        try:
+            obj: Any = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+            msg = f"is not complete JSON ({len(raw)} bytes): {ex}"
+            raise bad(msg) from ex
+        if not isinstance(obj, dict):
+            msg = f"expected a JSON object, received {type(obj).__name__}"
+            raise bad(msg)
+
+        def get(key: str, typ: type) -> Any:
+            value = obj.get(key)
+            if not isinstance(value, typ) or isinstance(value, bool):
+                msg = f"field {key!r}: expected {typ.__name__}, received {value!r:.80}"
+                raise bad(msg)
+            return value
+
+        found, min_reader = get("format_version", int), get("min_reader_version", int)
+        try:
+            check_format_version(found, min_reader)
+        except UnsupportedFormatVersionError as ex:
+            raise ex.at(path) from None
+        shape = get("shape", list)
+        if len(shape) != 4 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1 << 24 for n in shape
+        ):
+            msg = f"field 'shape': expected 4 dimensions >= 1, received {shape!r:.80}"
+            raise bad(msg)
+        m = cls(
+            format_version=found,
+            min_reader_version=min_reader,
+            seq_id=get("seq_id", str),
+            position=get("position", int),
+            next_chunk=get("next_chunk", int),
+            fingerprint=get("fingerprint", str),
+            dtype=get("dtype", str),
+            shape=(shape[0], shape[1], shape[2], shape[3]),
+            data_file=get("data_file", str),
+            size=get("size", int),
+            sha256=get("sha256", str),
+            digest=get("digest", str),
+        )
+        if not 0 <= m.position < 2**63 or not 0 <= m.next_chunk < 2**63:
+            msg = f"position/next_chunk out of range: {m.position}, {m.next_chunk}"
+            raise bad(msg)
+        if position is not None and m.position != position:
+            msg = f"records position {m.position}, but its name says {position}"
+            raise bad(msg)
+        if m.dtype not in ("float64", "float32"):
+            msg = f"field 'dtype': expected float64 or float32, received {m.dtype!r:.40}"
+            raise bad(msg)
+        if not _HEX64.fullmatch(m.sha256):
+            msg = "field 'sha256': expected 64 lowercase hex digits"
+            raise bad(msg)
+        if parse_data_name(m.data_file) != m.position or m.data_file != data_name(
+            m.position, m.sha256
+        ):
+            msg = f"field 'data_file': unexpected name {m.data_file!r:.80}"
+            raise bad(msg)
+        if not 0 < m.size <= _MAX_DATA_BYTES:
+            msg = f"field 'size': expected 1..{_MAX_DATA_BYTES}, received {m.size}"
+            raise bad(msg)
+        return m

@@ -1,0 +1,565 @@
+"""The checkpoint store: durable, validated, retained commits of ``SequenceState`` values.
+
+Layout under the root (a local path or any fsspec URL)::
+
+    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow      immutable data file (Arrow IPC)
+    ROOT/<seq folder>/<position:020d>.manifest.json            the commit (create-if-absent)
+
+``<seq folder>`` is a safe, reversible encoding of the sequence id (``paths.encode_seq_dir``).
+A commit writes the data file, then creates the manifest only if no manifest exists for that
+position: two writers of one position cannot both win.  A retried commit of the same state finds
+its own manifest ("duplicate"); a state equal within tolerance keeps the first commit
+("equal_within_tolerance", the caller continues from ``restore``); anything else raises
+``DivergentStateError``.  Restore validates everything (see ``CheckpointStore.restore``).
+
+URLs: local paths and ``file://`` use POSIX create-if-absent (``os.link``) and fsync; ``memory://``
+(tests), ``gs://`` (gcsfs) and ``s3://`` (s3fs) go through fsspec and need an fsspec
+implementation with exclusive writes (``open(path, "xb")``: gcsfs and adlfs from 2024.12, s3fs
+from 2025.7, which sends ``If-None-Match: *`` for small objects too).  Object stores publish an
+object atomically when its upload ends, so a half-written manifest cannot be seen there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import hashlib
+import hmac
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .codec import FORMAT_VERSION, MIN_READER_VERSION, decode_with_header, encode_with_digest
+from .errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    DivergentStateError,
+    NonFiniteStateError,
+)
+from .filesystems import LocalStorage, open_storage
+from .manifest import MAX_MANIFEST_BYTES, Manifest
+from .paths import (
+    TMP_PREFIX,
+    data_name,
+    decode_seq_dir,
+    encode_seq_dir,
+    is_hashed_seq_dir,
+    manifest_name,
+    parse_data_name,
+    parse_manifest_name,
+)
+from .sequence_state import SequenceState
+
+__all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome"]
+
+log = logging.getLogger("linstream.state")
+
+#: Default relative tolerance (on the max-abs scale of each tensor) for "equal within tolerance".
+DEFAULT_RTOL = {"float64": 1e-5, "float32": 1e-3}
+
+
+class CommitOutcome(enum.StrEnum):
+    COMMITTED = "committed"
+    DUPLICATE = "duplicate"
+    EQUAL_WITHIN_TOLERANCE = "equal_within_tolerance"
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """One commit as its manifest describes it (``problem`` set when the manifest is unreadable)."""
+
+    seq_id: str | None
+    position: int
+    manifest_path: str
+    data_path: str | None
+    size: int | None
+    next_chunk: int | None
+    fingerprint: str | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointProblem:
+    """A commit that does not pass the restore checks."""
+
+    path: str
+    reason: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.error}: {self.reason}"
+
+
+def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if b.size else 0.0
+    if diff == 0.0:
+        return 0.0
+    return diff / scale if scale > 0 else math.inf
+
+
+class CheckpointStore:
+    """Commits and restores sequence states under ``root`` (local path or fsspec URL).
+
+    keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
+    fallback.  rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
+    magnitude (default 1e-5 for float64 states, 1e-3 for float32: a retried bundle may run its
+    float32 chunk math with other SIMD widths).  clock: seconds since the
+    epoch, injected for tests of ``gc``.  background_prune: delete commits beyond ``keep`` in a
+    background thread after ``commit`` returns (deletes can be slow: object-store round trips,
+    online discard); ``flush()`` waits for them, ``close()`` also stops the thread.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep: int = 2,
+        rtol: float | None = None,
+        clock: Callable[[], float] = time.time,
+        background_prune: bool = True,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
+            raise ValueError(msg)
+        if rtol is not None and not (0.0 <= rtol < 1.0):
+            msg = f"rtol: expected 0 <= rtol < 1, received {rtol}"
+            raise ValueError(msg)
+        self.root = root
+        self.keep = keep
+        self.rtol = rtol
+        self._clock = clock
+        self._fs = open_storage(root)
+        self._dirs_made: set[str] = set()
+        self._background_prune = background_prune
+        self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[list[str]]] = []
+        #: How many commits ended in each outcome, and how many restores fell back.
+        self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.root!r}, keep={self.keep})"
+
+    def exists(self) -> bool:
+        """Whether the root folder exists (a store with no commit yet may not have one)."""
+        return self._fs.is_dir(self._fs.root)
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def _seq_dir(self, seq_id: str) -> str:
+        return self._fs.join(encode_seq_dir(seq_id))
+
+    def _ensure_dir(self, seq_dir: str) -> None:
+        if seq_dir in self._dirs_made:
+            return
+        if not self._fs.is_dir(seq_dir):
+            self._fs.makedirs(seq_dir)
+            if isinstance(self._fs, LocalStorage):  # make the new folder's name durable
+                self._fs.sync_dir(self._fs.root)
+                self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")
+        self._dirs_made.add(seq_dir)
+
+    def _positions(self, seq_dir: str) -> list[int]:
+        """Committed positions (manifest names), newest first."""
+        found = (parse_manifest_name(n) for n in self._fs.list_dir(seq_dir))
+        return sorted((p for p in found if p is not None), reverse=True)
+
+    # --- commit --------------------------------------------------------------------------------
+
+    def commit(self, st: SequenceState) -> CommitOutcome:
+        """Commit ``st`` durably; see the module docstring for the outcomes.
+
+        Raises ``NonFiniteStateError`` (NaN/Inf, nothing written), ``DivergentStateError``
+        (another state is committed at this position), ``CorruptCheckpointError`` (the commit
+        already at this position cannot be read to compare).
+        """
+        if not isinstance(st, SequenceState):
+            msg = f"commit: expected a SequenceState, received {type(st).__name__}"
+            raise TypeError(msg)
+        if not st.is_finite():
+            msg = (
+                f"sequence {st.seq_id!r} at position {st.position}: expected finite S and z, "
+                "received NaN or Inf; refusing to commit"
+            )
+            raise NonFiniteStateError(msg)
+        buf, digest = encode_with_digest(st)
+        seq_dir = self._seq_dir(st.seq_id)
+        mpath = self._mpath(seq_dir, st.position)
+
+        def manifest_for(sha: str) -> Manifest:
+            return Manifest(
+                format_version=FORMAT_VERSION,
+                min_reader_version=MIN_READER_VERSION,
+                seq_id=st.seq_id,
+                position=st.position,
+                next_chunk=st.next_chunk,
+                fingerprint=st.fingerprint,
+                dtype=str(st.dtype),
+                shape=st.state_shape,
+                data_file=data_name(st.position, sha),
+                size=buf.size,
+                sha256=sha,
+                digest=digest,
+            )
+
+        made: list[Manifest] = []
+
+        def prepare(sha: str) -> tuple[str, bytes]:
+            made.append(manifest_for(sha))
+            return f"{seq_dir}/{made[0].data_file}", made[0].to_bytes()
+
+        existing = self._read_manifest_if_any(mpath, st.position)
+        if existing is None:
+            self._ensure_dir(seq_dir)
+            if self._fs.commit_files(buf, mpath, prepare):
+                self._count(CommitOutcome.COMMITTED, st)
+                self._schedule_prune(seq_dir)
+                return CommitOutcome.COMMITTED
+            existing = self._read_manifest_if_any(mpath, st.position)
+            if existing is None:  # pruned meanwhile: the position is far behind the newest
+                msg = f"manifest {mpath} vanished while committing position {st.position}"
+                raise CorruptCheckpointError(msg, path=mpath)
+        manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
+        dpath = f"{seq_dir}/{manifest.data_file}"
+        try:
+            outcome = self._compare(st, manifest, existing, seq_dir, buf)
+        finally:
+            if existing.data_file != manifest.data_file:
+                self._fs.remove(dpath)  # our data file lost the race (no-op if never written)
+        self._count(outcome, st)
+        return outcome
+
+    def _read_manifest_if_any(self, mpath: str, position: int) -> Manifest | None:
+        try:
+            raw = self._fs.read(mpath, MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            return None
+        return Manifest.parse(raw, path=mpath, position=position)
+
+    def _compare(
+        self, st: SequenceState, ours: Manifest, existing: Manifest, seq_dir: str, buf: Any
+    ) -> CommitOutcome:
+        if existing.sha256 == ours.sha256 and existing.data_file == ours.data_file:
+            # A retried commit: make sure the data file is intact (repairs a lost or damaged one).
+            dpath = f"{seq_dir}/{ours.data_file}"
+            try:
+                intact = hashlib.sha256(self._fs.read(dpath, ours.size)).hexdigest() == ours.sha256
+            except FileNotFoundError:
+                intact = False
+            if not intact:
+                log.warning("%s: rewriting the missing or damaged data file of a commit", dpath)
+                self._fs.write_immutable(dpath, buf)
+            return CommitOutcome.DUPLICATE
+        where = f"sequence {st.seq_id!r} position {st.position}"
+        first = self._load(seq_dir, existing.position, st.seq_id, None)
+        if first.fingerprint != st.fingerprint:
+            msg = (
+                f"{where}: already committed by another model (fingerprint "
+                f"{first.fingerprint[:16]}…, this state {st.fingerprint[:16]}…)"
+            )
+            raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+        if (first.next_chunk, first.dtype, first.S.shape) != (st.next_chunk, st.dtype, st.S.shape):
+            msg = (
+                f"{where}: committed state has next_chunk {first.next_chunk}, dtype "
+                f"{first.dtype}, shape {list(first.S.shape)}; this state has {st.next_chunk}, "
+                f"{st.dtype}, {list(st.S.shape)}"
+            )
+            raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+        rtol = self.rtol if self.rtol is not None else DEFAULT_RTOL[str(st.dtype)]
+        diff = max(_max_rel_diff(st.S, first.S), _max_rel_diff(st.z, first.z))
+        if diff <= rtol:
+            log.info(
+                "%s: already committed with a state equal within tolerance (max relative "
+                "difference %.3g <= %.3g); keeping the first commit",
+                where,
+                diff,
+                rtol,
+            )
+            return CommitOutcome.EQUAL_WITHIN_TOLERANCE
+        msg = (
+            f"{where}: a different state is already committed (max relative difference "
+            f"{diff:.3g} > tolerance {rtol:.3g})"
+        )
+        raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+
+    def _mpath(self, seq_dir: str, position: int) -> str:
+        return f"{seq_dir}/{manifest_name(position)}"
+
+    def _count(self, outcome: CommitOutcome, st: SequenceState) -> None:
+        self.counters[outcome.value] += 1
+        log.debug("commit %r position %d: %s", st.seq_id, st.position, outcome.value)
+
+    def _schedule_prune(self, seq_dir: str) -> None:
+        if not self._background_prune:
+            self._prune(seq_dir)
+            return
+        if self._pruner is None:
+            self._pruner = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="linstream-prune"
+            )
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pruner.submit(self._prune_logged, seq_dir))
+
+    def _prune_logged(self, seq_dir: str) -> list[str]:
+        try:
+            return self._prune(seq_dir)
+        except Exception:  # a failed delete only delays retention; gc() retries it
+            log.warning("pruning old commits in %s failed", seq_dir, exc_info=True)
+            return []
+
+    def flush(self) -> None:
+        """Wait for background pruning scheduled so far."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        """Flush and stop the background thread (the store stays usable: it restarts it)."""
+        self.flush()
+        if self._pruner is not None:
+            self._pruner.shutdown(wait=True)
+            self._pruner = None
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prune(self, seq_dir: str) -> list[str]:
+        """Drop commits beyond the ``keep`` newest: manifest first, then its data file(s)."""
+        names = self._fs.list_dir(seq_dir)
+        positions = sorted(
+            (p for p in (parse_manifest_name(n) for n in names) if p is not None), reverse=True
+        )
+        removed: list[str] = []
+        doomed = set(positions[self.keep :])
+        if not doomed:
+            return removed
+        for pos in sorted(doomed):
+            path = self._mpath(seq_dir, pos)
+            self._fs.remove(path)
+            removed.append(path)
+        for name in names:
+            if parse_data_name(name) in doomed:
+                self._fs.remove(f"{seq_dir}/{name}")
+                removed.append(f"{seq_dir}/{name}")
+        return removed
+
+    # --- restore -------------------------------------------------------------------------------
+
+    def restore(
+        self, seq_id: str, *, fingerprint: str, fallback: bool = False
+    ) -> SequenceState | None:
+        """The newest committed state of ``seq_id``, or None when it has no commit.
+
+        Checks, in order: format version (manifest, then file), size and SHA-256 of the data
+        file, Arrow structure, schema, shapes and dtype, model fingerprint, sequence id and
+        position, content digest, finite values.  Raises ``CorruptCheckpointError``,
+        ``UnsupportedFormatVersionError`` or ``ModelMismatchError`` naming the file.  With
+        ``fallback=True`` a corrupt newest commit is skipped (logged as a warning) for the next
+        older one; if none is readable the first error is raised.  Orphan data files (no
+        manifest) are never read.
+        """
+        seq_dir = self._seq_dir(seq_id)
+        first_error: CorruptCheckpointError | None = None
+        for pos in self._positions(seq_dir):
+            try:
+                st = self._load(seq_dir, pos, seq_id, fingerprint)
+            except CorruptCheckpointError as ex:
+                if not fallback:
+                    raise
+                first_error = first_error or ex
+                log.warning(
+                    "sequence %r: commit at position %d is unreadable (%s); falling back to "
+                    "the previous commit",
+                    seq_id,
+                    pos,
+                    ex,
+                )
+                self.counters["fallbacks"] += 1
+                continue
+            return st
+        if first_error is not None:
+            raise first_error
+        return None
+
+    def read_commit(
+        self, seq_id: str, position: int, *, fingerprint: str | None = None
+    ) -> SequenceState:
+        """The commit of ``seq_id`` at ``position``, with every restore check."""
+        return self._load(self._seq_dir(seq_id), position, seq_id, fingerprint)
+
+    def _load(
+        self, seq_dir: str, position: int, seq_id: str | None, fingerprint: str | None
+    ) -> SequenceState:
+        mpath = self._mpath(seq_dir, position)
+        try:
+            raw = self._fs.read(mpath, MAX_MANIFEST_BYTES)
+        except FileNotFoundError as ex:
+            msg = "manifest disappeared"
+            raise CorruptCheckpointError(msg, path=mpath) from ex
+        m = Manifest.parse(raw, path=mpath, position=position)
+        dpath = f"{seq_dir}/{m.data_file}"
+        try:
+            size = self._fs.size(dpath)
+        except FileNotFoundError as ex:
+            msg = f"data file missing (named by manifest {mpath})"
+            raise CorruptCheckpointError(msg, path=dpath) from ex
+        if size != m.size:
+            msg = f"data file has {size} bytes, manifest says {m.size} (truncated or damaged)"
+            raise CorruptCheckpointError(msg, path=dpath)
+        data = self._fs.read(dpath, m.size)
+        if len(data) != m.size:
+            msg = f"read {len(data)} bytes, manifest says {m.size} (changed while reading?)"
+            raise CorruptCheckpointError(msg, path=dpath)
+        sha = hashlib.sha256(data).hexdigest()
+        if not hmac.compare_digest(sha, m.sha256):
+            msg = f"sha256 {sha[:16]}… differs from the manifest's {m.sha256[:16]}… (damaged)"
+            raise CorruptCheckpointError(msg, path=dpath)
+        want_seq = m.seq_id if seq_id is None else seq_id
+        try:
+            st, header = decode_with_header(
+                data,
+                expected_fingerprint=fingerprint,
+                expected_seq_id=want_seq,
+                expected_position=m.position,
+                expected_next_chunk=m.next_chunk,
+            )
+        except CheckpointError as ex:
+            raise ex.at(dpath) from ex
+        if (m.seq_id, m.fingerprint, m.dtype, m.shape, m.digest) != (
+            st.seq_id,
+            st.fingerprint,
+            str(st.dtype),
+            st.state_shape,
+            header.digest,
+        ) or encode_seq_dir(m.seq_id) != seq_dir.rpartition("/")[2]:
+            msg = "manifest and data file disagree (sequence, fingerprint, dtype, shape or digest)"
+            raise CorruptCheckpointError(msg, path=mpath)
+        return st
+
+    # --- listing, verification, garbage collection ---------------------------------------------
+
+    def _seq_dirs(self) -> list[str]:
+        return [
+            n
+            for n in self._fs.list_dir(self._fs.root)
+            if decode_seq_dir(n) is not None or is_hashed_seq_dir(n)
+        ]
+
+    def sequences(self) -> list[str]:
+        """Ids of the sequences that have at least one commit (readable or not), sorted."""
+        out = []
+        for name in self._seq_dirs():
+            positions = self._positions(self._fs.join(name))
+            if not positions:
+                continue
+            seq_id = decode_seq_dir(name)
+            if seq_id is None:  # hashed name: the id is in the manifests
+                for pos in positions:
+                    mpath = self._mpath(self._fs.join(name), pos)
+                    try:
+                        seq_id = Manifest.parse(
+                            self._fs.read(mpath, MAX_MANIFEST_BYTES), path=mpath
+                        ).seq_id
+                        break
+                    except (CheckpointError, FileNotFoundError):
+                        continue
+            if seq_id is not None and encode_seq_dir(seq_id) == name:
+                out.append(seq_id)
+        return sorted(out)
+
+    def commits(self, seq_id: str) -> list[CommitInfo]:
+        """The commits of ``seq_id`` as their manifests describe them, newest first."""
+        return self._commits_in(self._seq_dir(seq_id), seq_id)
+
+    def _commits_in(self, seq_dir: str, seq_id: str | None) -> list[CommitInfo]:
+        out = []
+        for pos in self._positions(seq_dir):
+            mpath = self._mpath(seq_dir, pos)
+            try:
+                m = Manifest.parse(self._fs.read(mpath, MAX_MANIFEST_BYTES), path=mpath)
+            except (CheckpointError, FileNotFoundError) as ex:
+                out.append(CommitInfo(seq_id, pos, mpath, None, None, None, None, str(ex)))
+                continue
+            out.append(
+                CommitInfo(
+                    m.seq_id,
+                    pos,
+                    mpath,
+                    f"{seq_dir}/{m.data_file}",
+                    m.size,
+                    m.next_chunk,
+                    m.fingerprint,
+                )
+            )
+        return out
+
+    def verify(self) -> list[CheckpointProblem]:
+        """Run every restore check (except the expected fingerprint) on every commit."""
+        problems = []
+        for name in self._seq_dirs():
+            seq_dir = self._fs.join(name)
+            for pos in self._positions(seq_dir):
+                try:
+                    self._load(seq_dir, pos, None, None)
+                except CheckpointError as ex:
+                    path = ex.path or self._mpath(seq_dir, pos)
+                    problems.append(CheckpointProblem(path, ex.reason, type(ex).__name__))
+        return problems
+
+    def orphans(self) -> list[str]:
+        """Data files that no manifest names (a crash before the commit, or a lost race)."""
+        return [path for path, _ in self._orphans()]
+
+    def _orphans(self) -> list[tuple[str, str]]:
+        out = []
+        for name in self._seq_dirs():
+            seq_dir = self._fs.join(name)
+            names = self._fs.list_dir(seq_dir)
+            referenced: set[str] = set()
+            unreadable: set[int] = set()
+            for n in names:
+                pos = parse_manifest_name(n)
+                if pos is None:
+                    continue
+                try:
+                    raw = self._fs.read(f"{seq_dir}/{n}", MAX_MANIFEST_BYTES)
+                    referenced.add(Manifest.parse(raw, path=n).data_file)
+                except (CheckpointError, FileNotFoundError):
+                    unreadable.add(pos)  # keep its position's data files: they may be its data
+            for n in names:
+                if n.startswith(TMP_PREFIX):
+                    out.append((f"{seq_dir}/{n}", n))
+                    continue
+                pos = parse_data_name(n)
+                if pos is not None and n not in referenced and pos not in unreadable:
+                    out.append((f"{seq_dir}/{n}", n))
+        return out
+
+    def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+        """Remove orphan data files and stale temporaries older than ``grace_seconds``, and
+        commits beyond ``keep``.  Returns the removed paths.
+
+        The grace period protects commits in flight (their data file exists before their
+        manifest); make it longer than any commit can take.
+        """
+        self.flush()
+        now = self._clock()
+        removed = []
+        for path, _ in self._orphans():
+            mtime = self._fs.mtime(path)
+            if mtime is not None and now - mtime >= grace_seconds:
+                self._fs.remove(path)
+                removed.append(path)
+        for name in self._seq_dirs():
+            removed.extend(self._prune(self._fs.join(name)))
+        if removed:
+            log.info("checkpoint gc under %s removed %d files", self.root, len(removed))
+        return removed
