@@ -43,14 +43,18 @@ __all__ = [
     "FORMAT_VERSION",
     "MIN_READER_VERSION",
     "READER_VERSION",
+    "DigestHint",
     "StateHeader",
     "check_format_version",
     "decode_state",
     "decode_with_header",
+    "digest_of_bytes",
+    "encode_checked",
     "encode_state",
     "encode_state_buffer",
     "encode_with_digest",
     "state_digest",
+    "tensor_ranges",
 ]
 
 #: Format written by this version.
@@ -103,20 +107,72 @@ def state_digest(
     z: np.ndarray,
 ) -> str:
     """``sha256:<hex>`` over the scalar fields, shapes, dtype and the little-endian tensor bytes."""
+    return digest_of_bytes(
+        seq_id,
+        position,
+        next_chunk,
+        fingerprint,
+        str(S.dtype),
+        S.shape,
+        np.ascontiguousarray(_le(S)).data,
+        np.ascontiguousarray(_le(z)).data,
+    )
+
+
+def digest_of_bytes(
+    seq_id: str,
+    position: int,
+    next_chunk: int,
+    fingerprint: str,
+    dtype: str,
+    shape: tuple[int, ...],
+    S_bytes: Any,
+    z_bytes: Any,
+) -> str:
+    """``state_digest`` from the raw little-endian tensor bytes (e.g. a slice of a file), for
+    ``shape`` = S's shape (z's is ``shape[:3]``)."""
     head = {
         "seq_id": seq_id,
         "position": position,
         "next_chunk": next_chunk,
         "fingerprint": fingerprint,
-        "dtype": str(S.dtype),
-        "S": list(S.shape),
-        "z": list(z.shape),
+        "dtype": dtype,
+        "S": list(shape),
+        "z": list(shape[:3]),
     }
     h = hashlib.sha256(b"linstream.state.v1\x00")
     h.update(json.dumps(head, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\x00")
-    h.update(np.ascontiguousarray(_le(S)).data)
-    h.update(np.ascontiguousarray(_le(z)).data)
+    h.update(S_bytes)
+    h.update(z_bytes)
     return "sha256:" + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class DigestHint:
+    """A content digest already computed over the bytes at ``S_address``/``z_address`` (inside
+    the very buffer being decoded) for the given fields.  ``decode_with_header`` uses it instead
+    of hashing the tensors again only when the decoded arrays are exactly those bytes and the
+    decoded fields are exactly these: then it *is* the digest of the decoded content."""
+
+    S_address: int
+    S_nbytes: int
+    z_address: int
+    z_nbytes: int
+    fields: tuple[str, int, int, str, str, tuple[int, ...]]  # seq_id .. dtype, S shape
+    digest: str
+
+    def covers(
+        self, S: np.ndarray, z: np.ndarray, fields: tuple[str, int, int, str, str, tuple[int, ...]]
+    ) -> bool:
+        return (
+            S.ctypes.data == self.S_address
+            and S.nbytes == self.S_nbytes
+            and z.ctypes.data == self.z_address
+            and z.nbytes == self.z_nbytes
+            and S.flags.c_contiguous
+            and z.flags.c_contiguous
+            and fields == self.fields
+        )
 
 
 def _tensor_column(a: np.ndarray) -> pa.ExtensionArray:
@@ -131,10 +187,16 @@ def encode_state_buffer(st: SequenceState) -> pa.Buffer:
 
 def encode_with_digest(st: SequenceState) -> tuple[pa.Buffer, str]:
     """The encoded state (an Arrow buffer) and the content digest written into it."""
+    return encode_checked(st, finite_checked=False)
+
+
+def encode_checked(st: SequenceState, *, finite_checked: bool) -> tuple[pa.Buffer, str]:
+    """``encode_with_digest`` for callers that already refused non-finite values themselves
+    (``finite_checked=True`` skips a second pass over the tensors)."""
     if not isinstance(st, SequenceState):
         msg = f"encode_state: expected a SequenceState, received {type(st).__name__}"
         raise TypeError(msg)
-    if not st.is_finite():
+    if not finite_checked and not st.is_finite():
         msg = (
             f"sequence {st.seq_id!r} at position {st.position}: expected finite S and z, "
             "received NaN or Inf; refusing to encode"
@@ -175,6 +237,22 @@ def encode_with_digest(st: SequenceState) -> tuple[pa.Buffer, str]:
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue(), digest
+
+
+def tensor_ranges(buf: pa.Buffer, st: SequenceState) -> tuple[int, int, int, int] | None:
+    """Where ``encode_checked`` put S and z inside ``buf``: ``(S offset, S bytes, z offset,
+    z bytes)``, or None if the layout is not S then z (then no split hash is written)."""
+    try:
+        batch = pa.ipc.open_file(buf).get_batch(0)
+        dtype = str(st.dtype)
+        S = _tensor(batch, "S", st.state_shape, dtype)
+        z = _tensor(batch, "z", st.state_shape[:3], dtype)
+    except (pa.ArrowException, CheckpointError, ValueError):
+        return None
+    s_off, z_off = S.ctypes.data - buf.address, z.ctypes.data - buf.address
+    if not (s_off >= 0 and s_off + S.nbytes <= z_off and z_off + z.nbytes <= buf.size):
+        return None
+    return s_off, S.nbytes, z_off, z.nbytes
 
 
 def encode_state(st: SequenceState) -> bytes:
@@ -328,8 +406,12 @@ def decode_with_header(
     expected_seq_id: str | None = None,
     expected_position: int | None = None,
     expected_next_chunk: int | None = None,
+    digest_hint: DigestHint | None = None,
 ) -> tuple[SequenceState, StateHeader]:
-    """``decode_state`` that also returns what the file's metadata says (``StateHeader``)."""
+    """``decode_state`` that also returns what the file's metadata says (``StateHeader``).
+
+    ``digest_hint``: the content digest of tensor bytes the caller already hashed (see
+    ``DigestHint``); the digest is still compared, at its place in the order of checks."""
     if not isinstance(data, bytes | bytearray | memoryview | pa.Buffer):
         msg = f"decode_state: expected bytes, received {type(data).__name__}"
         raise TypeError(msg)
@@ -373,7 +455,11 @@ def decode_with_header(
         if want is not None and want != got:
             msg = f"{what}: expected {want!r}, received {got!r}"
             raise _corrupt(msg)
-    digest = state_digest(seq_id, position, next_chunk, header.fingerprint, S, z)
+    fields = (seq_id, position, next_chunk, header.fingerprint, header.dtype, header.shape)
+    if digest_hint is not None and digest_hint.covers(S, z, fields):
+        digest = digest_hint.digest  # computed over these very bytes moments ago (one pass)
+    else:
+        digest = state_digest(seq_id, position, next_chunk, header.fingerprint, S, z)
     if not hmac.compare_digest(digest, header.digest):
         msg = (
             f"content digest mismatch (damaged tensor data or fields): expected "

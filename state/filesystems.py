@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from .paths import TMP_PREFIX
 
-__all__ = ["FsspecStorage", "LocalStorage", "Storage", "open_storage"]
+__all__ = ["FsspecStorage", "LocalStorage", "Storage", "in_thread", "open_storage"]
 
 
 class Storage(Protocol):
@@ -184,6 +184,15 @@ def _read_up_to(f: Any, n: int) -> bytes:
         chunks.append(chunk)
         n -= len(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def in_thread(fn: Any, *args: Any) -> _Pending:
+    """Run ``fn(*args)`` in a new thread (hashing and file I/O release the GIL).
+
+    A fresh thread, not a pool: ``Thread.start`` returns once the thread runs, so the work
+    starts at once; on a loaded machine a pooled thread's wake-up lagged by milliseconds
+    (measured: commit ~2.5 ms slower with a pool)."""
+    return _Pending(fn, *args)
 
 
 class _Pending:

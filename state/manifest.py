@@ -1,23 +1,31 @@
 """The commit manifest: a small JSON file whose create-if-absent creation is the commit.
 
 It names the immutable data file and records its size and SHA-256, so that a restore checks the
-bytes before handing them to the Arrow reader.  Manifests are untrusted input like data files:
+bytes before handing them to the Arrow reader.
+
+Optional (written since the split hash was added; format-1 readers ignore unknown fields and
+still check ``sha256``): ``tensor_ranges`` = ``[S offset, S bytes, z offset, z bytes]`` inside the
+data file and ``split_sha256`` = ``split_file_hash``: SHA-256 over every byte of the file outside
+those ranges plus the content digest, which covers the bytes inside them.  It commits to every
+byte of the file like ``sha256`` does, and a reader verifies it and the content digest in one
+pass over the tensor bytes instead of two.  Manifests are untrusted input like data files:
 ``Manifest.parse`` checks every field's type and range, and that the data file name is a plain
 name (no path) in the expected form.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .codec import check_format_version
 from .errors import CorruptCheckpointError, UnsupportedFormatVersionError
 from .paths import data_name, parse_data_name
 
-__all__ = ["MAX_MANIFEST_BYTES", "Manifest"]
+__all__ = ["MAX_MANIFEST_BYTES", "Manifest", "split_file_hash"]
 
 MAX_MANIFEST_BYTES = 64 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -38,11 +46,17 @@ class Manifest:
     size: int
     sha256: str
     digest: str
+    tensor_ranges: tuple[int, int, int, int] | None = None
+    split_sha256: str | None = None
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (sorted keys, ASCII): equal commits give byte-equal manifests."""
         fields = asdict(self)
         fields["shape"] = list(self.shape)
+        if self.tensor_ranges is None or self.split_sha256 is None:
+            del fields["tensor_ranges"], fields["split_sha256"]
+        else:
+            fields["tensor_ranges"] = list(self.tensor_ranges)
         return (json.dumps(fields, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
 
     @classmethod
@@ -119,4 +133,44 @@ class Manifest:
         if not 0 < m.size <= _MAX_DATA_BYTES:
             msg = f"field 'size': expected 1..{_MAX_DATA_BYTES}, received {m.size}"
             raise bad(msg)
+        if "tensor_ranges" in obj or "split_sha256" in obj:
+            ranges = get("tensor_ranges", list)
+            split = get("split_sha256", str)
+            if not _HEX64.fullmatch(split):
+                msg = "field 'split_sha256': expected 64 lowercase hex digits"
+                raise bad(msg)
+            if len(ranges) != 4 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in ranges
+            ):
+                msg = f"field 'tensor_ranges': expected 4 integers >= 0, received {ranges!r:.80}"
+                raise bad(msg)
+            s_off, s_len, z_off, z_len = ranges
+            item = 8 if m.dtype == "float64" else 4
+            L, H, F, dv = m.shape
+            if not (
+                s_len == L * H * F * dv * item
+                and z_len == L * H * F * item
+                and s_off + s_len <= z_off
+                and z_off + z_len <= m.size
+            ):
+                msg = (
+                    f"field 'tensor_ranges': {ranges} do not fit shape {list(m.shape)}, dtype "
+                    f"{m.dtype} and size {m.size}"
+                )
+                raise bad(msg)
+            m = replace(m, tensor_ranges=(s_off, s_len, z_off, z_len), split_sha256=split)
         return m
+
+
+def split_file_hash(data: Any, ranges: tuple[int, int, int, int], digest: str) -> str:
+    """SHA-256 over the data file with its S and z byte ranges replaced by the content digest
+    (which hashes exactly those bytes): a commitment to every byte of the file."""
+    s_off, s_len, z_off, z_len = ranges
+    view = memoryview(data).cast("B")
+    h = hashlib.sha256(b"linstream.split.v1\x00")
+    h.update(f"{len(view)},{s_off},{s_len},{z_off},{z_len}\x00".encode("ascii"))
+    h.update(view[:s_off])
+    h.update(view[s_off + s_len : z_off])
+    h.update(view[z_off + z_len :])
+    h.update(digest.encode("ascii"))
+    return h.hexdigest()

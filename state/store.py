@@ -22,6 +22,7 @@ object atomically when its upload ends, so a half-written manifest cannot be see
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -34,15 +35,24 @@ from typing import Any
 
 import numpy as np
 
-from .codec import FORMAT_VERSION, MIN_READER_VERSION, decode_with_header, encode_with_digest
+from .codec import (
+    FORMAT_VERSION,
+    MIN_READER_VERSION,
+    DigestHint,
+    StateHeader,
+    decode_with_header,
+    digest_of_bytes,
+    encode_checked,
+    tensor_ranges,
+)
 from .errors import (
     CheckpointError,
     CorruptCheckpointError,
     DivergentStateError,
     NonFiniteStateError,
 )
-from .filesystems import LocalStorage, open_storage
-from .manifest import MAX_MANIFEST_BYTES, Manifest
+from .filesystems import LocalStorage, in_thread, open_storage
+from .manifest import MAX_MANIFEST_BYTES, Manifest, split_file_hash
 from .paths import (
     TMP_PREFIX,
     data_name,
@@ -93,6 +103,14 @@ class CheckpointProblem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.error}: {self.reason}"
+
+
+#: Data files from this size on are hashed in a pool thread while the decode runs.
+_PARALLEL_HASH_BYTES = 64 * 1024
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -187,7 +205,11 @@ class CheckpointStore:
                 "received NaN or Inf; refusing to commit"
             )
             raise NonFiniteStateError(msg)
-        buf, digest = encode_with_digest(st)
+        buf, digest = encode_checked(st, finite_checked=True)
+        # Computed here, not in ``prepare``: the manifest must be written as early as possible
+        # while the data file's fsync runs (so that one journal commit can carry both).
+        ranges = tensor_ranges(buf, st)
+        split = None if ranges is None else split_file_hash(buf, ranges, digest)
         seq_dir = self._seq_dir(st.seq_id)
         mpath = self._mpath(seq_dir, st.position)
 
@@ -205,6 +227,8 @@ class CheckpointStore:
                 size=buf.size,
                 sha256=sha,
                 digest=digest,
+                tensor_ranges=ranges,
+                split_sha256=split,
             )
 
         made: list[Manifest] = []
@@ -360,7 +384,10 @@ class CheckpointStore:
 
         Checks, in order: format version (manifest, then file), size and SHA-256 of the data
         file, Arrow structure, schema, shapes and dtype, model fingerprint, sequence id and
-        position, content digest, finite values.  Raises ``CorruptCheckpointError``,
+        position, content digest, finite values.  Manifests with a split hash (see
+        ``manifest.py``) check every byte of the file and the content digest in one pass over
+        the tensor bytes; older ones hash the file in a thread while the decode runs (the
+        reports keep this order either way).  Raises ``CorruptCheckpointError``,
         ``UnsupportedFormatVersionError`` or ``ModelMismatchError`` naming the file.  With
         ``fallback=True`` a corrupt newest commit is skipped (logged as a warning) for the next
         older one; if none is readable the first error is raised.  Orphan data files (no
@@ -407,32 +434,21 @@ class CheckpointStore:
         m = Manifest.parse(raw, path=mpath, position=position)
         dpath = f"{seq_dir}/{m.data_file}"
         try:
-            size = self._fs.size(dpath)
+            data = self._fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
         except FileNotFoundError as ex:
             msg = f"data file missing (named by manifest {mpath})"
             raise CorruptCheckpointError(msg, path=dpath) from ex
-        if size != m.size:
+        if len(data) != m.size:
+            size = len(data)
+            if size > m.size:
+                with contextlib.suppress(FileNotFoundError):
+                    size = self._fs.size(dpath)
             msg = f"data file has {size} bytes, manifest says {m.size} (truncated or damaged)"
             raise CorruptCheckpointError(msg, path=dpath)
-        data = self._fs.read(dpath, m.size)
-        if len(data) != m.size:
-            msg = f"read {len(data)} bytes, manifest says {m.size} (changed while reading?)"
-            raise CorruptCheckpointError(msg, path=dpath)
-        sha = hashlib.sha256(data).hexdigest()
-        if not hmac.compare_digest(sha, m.sha256):
-            msg = f"sha256 {sha[:16]}… differs from the manifest's {m.sha256[:16]}… (damaged)"
-            raise CorruptCheckpointError(msg, path=dpath)
-        want_seq = m.seq_id if seq_id is None else seq_id
-        try:
-            st, header = decode_with_header(
-                data,
-                expected_fingerprint=fingerprint,
-                expected_seq_id=want_seq,
-                expected_position=m.position,
-                expected_next_chunk=m.next_chunk,
-            )
-        except CheckpointError as ex:
-            raise ex.at(dpath) from ex
+        if m.split_sha256 is not None and m.tensor_ranges is not None:
+            st, header = self._check_split_and_decode(data, m, dpath, seq_id, fingerprint)
+        else:
+            st, header = self._check_sha_and_decode(data, m, dpath, seq_id, fingerprint)
         if (m.seq_id, m.fingerprint, m.dtype, m.shape, m.digest) != (
             st.seq_id,
             st.fingerprint,
@@ -443,6 +459,73 @@ class CheckpointStore:
             msg = "manifest and data file disagree (sequence, fingerprint, dtype, shape or digest)"
             raise CorruptCheckpointError(msg, path=mpath)
         return st
+
+    def _check_split_and_decode(
+        self, data: bytes, m: Manifest, dpath: str, seq_id: str | None, fingerprint: str | None
+    ) -> tuple[SequenceState, StateHeader]:
+        """One pass over the tensor bytes: their content digest (from the manifest's fields),
+        then the split hash over the rest of the file and that digest, which must equal the
+        manifest's ``split_sha256`` (every byte of the file checked before Arrow reads it).
+        The decode then compares the same digest, computed over the very bytes its arrays
+        view, with the file's own at its place in the order of checks."""
+        assert m.tensor_ranges is not None and m.split_sha256 is not None
+        s_off, s_len, z_off, z_len = m.tensor_ranges
+        view = memoryview(data)
+        fields = (m.seq_id, m.position, m.next_chunk, m.fingerprint, m.dtype, m.shape)
+        digest = digest_of_bytes(*fields, view[s_off : s_off + s_len], view[z_off : z_off + z_len])
+        split = split_file_hash(data, m.tensor_ranges, digest)
+        if not hmac.compare_digest(split, m.split_sha256):
+            msg = (
+                f"sha256 {split[:16]}… of the file (split hash) differs from the manifest's "
+                f"{m.split_sha256[:16]}… (damaged)"
+            )
+            raise CorruptCheckpointError(msg, path=dpath)
+        base = np.frombuffer(data, np.uint8).ctypes.data
+        hint = DigestHint(base + s_off, s_len, base + z_off, z_len, fields, digest)
+        try:
+            return self._decode(data, m, seq_id, fingerprint, hint)
+        except CheckpointError as ex:
+            raise ex.at(dpath) from ex
+
+    def _check_sha_and_decode(
+        self, data: bytes, m: Manifest, dpath: str, seq_id: str | None, fingerprint: str | None
+    ) -> tuple[SequenceState, StateHeader]:
+        """Manifests without a split hash (format 1 as first written): the file's SHA-256 and
+        the decode with its content digest are two independent passes over the tensor bytes;
+        the first runs in another thread (hashlib releases the GIL) while this thread decodes.
+        Errors are reported in the documented order: a hash mismatch wins."""
+        sha_job = in_thread(_sha256_hex, data) if len(data) >= _PARALLEL_HASH_BYTES else None
+        decoded: tuple[SequenceState, StateHeader] | Exception
+        try:
+            decoded = self._decode(data, m, seq_id, fingerprint, None)
+        except Exception as ex:  # reported after the hash check below
+            decoded = ex
+        sha = sha_job.result() if sha_job is not None else _sha256_hex(data)
+        if not hmac.compare_digest(sha, m.sha256):
+            msg = f"sha256 {sha[:16]}… differs from the manifest's {m.sha256[:16]}… (damaged)"
+            raise CorruptCheckpointError(msg, path=dpath)
+        if isinstance(decoded, CheckpointError):
+            raise decoded.at(dpath) from decoded
+        if isinstance(decoded, Exception):
+            raise decoded
+        return decoded
+
+    @staticmethod
+    def _decode(
+        data: bytes,
+        m: Manifest,
+        seq_id: str | None,
+        fingerprint: str | None,
+        hint: DigestHint | None,
+    ) -> tuple[SequenceState, StateHeader]:
+        return decode_with_header(
+            data,
+            expected_fingerprint=fingerprint,
+            expected_seq_id=m.seq_id if seq_id is None else seq_id,
+            expected_position=m.position,
+            expected_next_chunk=m.next_chunk,
+            digest_hint=hint,
+        )
 
     # --- listing, verification, garbage collection ---------------------------------------------
 
