@@ -22,6 +22,15 @@ def _compute_dtype(q: Any, k: Any, v: Any) -> np.dtype:
     return np.dtype(np.float32) if dt.itemsize <= 4 else np.dtype(np.float64)
 
 
+def _default_chunk_size(backend: str) -> int:
+    """Each backend's measured default chunk size (see tests/bench/RESULTS-ops.md)."""
+    if backend == "numba":
+        from .numba_backend import DEFAULT_CHUNK_SIZE as numba_default
+
+        return int(numba_default)
+    return DEFAULT_CHUNK_SIZE
+
+
 def causal_linear_attention(
     q: Any,
     k: Any,
@@ -58,7 +67,7 @@ def causal_linear_attention(
     name = resolve_backend(backend)
     if t == 0:
         return np.empty((0, h, dv), dtype=v.dtype), state.copy()
-    c = DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size)
+    c = _default_chunk_size(name) if chunk_size is None else int(chunk_size)
     if c < 1:
         msg = f"chunk_size must be >= 1, got {chunk_size}"
         raise ValueError(msg)
@@ -72,7 +81,7 @@ def causal_linear_attention(
 
         out, new = cupy_causal(q, k, v, state, feature_map=fm, eps=eps, chunk_size=c, dtype=cdt)
     else:
-        qf = fm(np.asarray(q, dtype=cdt), xp=np)
+        qf = fm.query(np.asarray(q, dtype=cdt), xp=np)
         kf = fm(np.asarray(k, dtype=cdt), xp=np)
         out, new = chunked_causal(
             qf, kf, np.asarray(v, dtype=cdt), state, eps=eps, chunk_size=c, xp=np
@@ -104,7 +113,7 @@ def linear_attention(
     else:
         xp = np
     cdt = _compute_dtype(q, k, v)
-    qf = fm(xp.asarray(q, dtype=cdt), xp=xp)
+    qf = fm.query(xp.asarray(q, dtype=cdt), xp=xp)
     kf = fm(xp.asarray(k, dtype=cdt), xp=xp)
     vv = xp.asarray(v, dtype=cdt)
     kv = xp.einsum("thf,thd->hfd", kf, vv)

@@ -22,7 +22,7 @@ __all__ = ["causal_quadratic", "causal_recurrent", "noncausal_quadratic"]
 def _mapped(q: Any, k: Any, fm: str | FeatureMap) -> tuple[np.ndarray, np.ndarray]:
     phi = get_feature_map(fm)
     return (
-        np.asarray(phi(np.asarray(q, dtype=np.float64)), dtype=np.float64),
+        np.asarray(phi.query(np.asarray(q, dtype=np.float64)), dtype=np.float64),
         np.asarray(phi(np.asarray(k, dtype=np.float64)), dtype=np.float64),
     )
 
