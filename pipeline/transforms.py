@@ -1,0 +1,156 @@
+"""Public PTransforms: `CausalLinearAttention` (raw q/k/v) and `EmbedSequences` (a model).
+
+Both key chunks by sequence id and run the one stateful stage (`core.SequenceDoFn`) with a
+different per-chunk step.  Applying one returns the results; `.with_exception_handling()` makes it
+return `(results, dead_letters)`, as RunInference does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from .core import DEAD_LETTERS, SequenceDoFn
+from .elements import Chunk, ChunkResult, DeadLetter
+from .steps import ChunkStep, EmbedStep, RawAttentionStep
+
+__all__ = ["CausalLinearAttention", "EmbedSequences"]
+
+
+def _key_by_seq(chunk: Chunk) -> tuple[str, Chunk]:
+    return (str(chunk.seq_id), chunk)
+
+
+class _SequenceTransform(beam.PTransform):
+    def __init__(
+        self,
+        step: ChunkStep,
+        *,
+        checkpoint_dir: str | None,
+        checkpoint_every: int,
+        checkpoint_keep: int,
+        resume: bool,
+        max_buffered_chunks: int,
+        idle_timeout: float,
+        emit: str,
+        progress_every_s: float | None,
+    ) -> None:
+        super().__init__()
+        self._with_errors = False
+        self._dofn = SequenceDoFn(
+            step,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            checkpoint_keep=checkpoint_keep,
+            resume=resume,
+            max_buffered_chunks=max_buffered_chunks,
+            idle_timeout=idle_timeout,
+            emit=emit,
+            progress_every_s=progress_every_s,
+        )
+
+    def with_exception_handling(self) -> _SequenceTransform:
+        """Return a copy that yields `(results, dead_letters)` when applied."""
+        other = copy.copy(self)
+        other._with_errors = True
+        return other
+
+    def expand(self, pcoll: Any) -> Any:
+        keyed = pcoll | "KeyBySequence" >> beam.Map(_key_by_seq).with_output_types(
+            tuple[str, Chunk]
+        )
+        out = keyed | "OrderAndApply" >> beam.ParDo(self._dofn).with_outputs(
+            DEAD_LETTERS, main="results"
+        )
+        results = out.results
+        dead = out[DEAD_LETTERS]
+        results.element_type = ChunkResult
+        dead.element_type = DeadLetter
+        if self._with_errors:
+            return results, dead
+        return results
+
+
+class CausalLinearAttention(_SequenceTransform):
+    """Causal linear attention over chunks whose data is {"q", "k", "v"} ([T, H, d] arrays).
+
+    Each sequence (by `Chunk.seq_id`) carries its state (S, z) from chunk to chunk; chunks may
+    come in any order and more than once.  Emits one `ChunkResult` per applied chunk with
+    output [T, H, d_v] (or [H, d_v] with emit="mean"|"last").
+
+    checkpoint_dir: a CheckpointStore root (local path or any fsspec/Beam URL) or None.
+    checkpoint_every: commit after this many applied chunks (and always at the final chunk).
+    resume: restore each sequence from the store the first time it is seen.
+    max_buffered_chunks: how far ahead of the next chunk to apply a chunk may be buffered;
+        farther ones are dead-lettered (`beyond_buffer`).
+    idle_timeout: event-time seconds after a sequence's last chunk before its Beam state is
+        committed and cleared (in a batch job: at the end of the input).
+    """
+
+    def __init__(
+        self,
+        feature_map: Any = "elu+1",
+        eps: float = 1e-6,
+        backend: str = "auto",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 16,
+        resume: bool = False,
+        max_buffered_chunks: int = 64,
+        *,
+        state_dtype: Any = np.float64,
+        checkpoint_keep: int = 2,
+        idle_timeout: float = 300.0,
+        emit: str = "tokens",
+        progress_every_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            RawAttentionStep(feature_map, eps, backend, state_dtype),
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            checkpoint_keep=checkpoint_keep,
+            resume=resume,
+            max_buffered_chunks=max_buffered_chunks,
+            idle_timeout=idle_timeout,
+            emit=emit,
+            progress_every_s=progress_every_s,
+        )
+
+
+class EmbedSequences(_SequenceTransform):
+    """Embed chunks of token ids [T] or feature vectors [T, input_dim] with an embedding model.
+
+    model: a `linstream.ops.load_model` spec ("builtin:default", a .safetensors path), loaded once
+    per worker in `setup()`, or a loaded model.  Emits `ChunkResult`s whose output is the
+    [T, d_model] float32 embeddings (emit="tokens"), their mean, or the last one.  The other
+    arguments are those of `CausalLinearAttention`.
+    """
+
+    def __init__(
+        self,
+        model: Any = "builtin:default",
+        *,
+        backend: str = "auto",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 16,
+        resume: bool = False,
+        max_buffered_chunks: int = 64,
+        state_dtype: Any = np.float64,
+        checkpoint_keep: int = 2,
+        idle_timeout: float = 300.0,
+        emit: str = "tokens",
+        progress_every_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            EmbedStep(model, backend, state_dtype),
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            checkpoint_keep=checkpoint_keep,
+            resume=resume,
+            max_buffered_chunks=max_buffered_chunks,
+            idle_timeout=idle_timeout,
+            emit=emit,
+            progress_every_s=progress_every_s,
+        )

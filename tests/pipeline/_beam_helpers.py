@@ -1,0 +1,91 @@
+"""Helpers for the pipeline tests: run a transform on the pinned local runner, collect outputs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from linstream.pipeline.elements import (
+    ChunkResult,
+    ChunkResultCoder,
+    DeadLetter,
+    DeadLetterCoder,
+)
+
+
+class _Dump(beam.DoFn):
+    """Write each element to its own file (works across worker processes)."""
+
+    def __init__(self, directory: str, coder: Any) -> None:
+        self.directory, self.coder = directory, coder
+
+    def process(self, element: Any) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, uuid.uuid4().hex)
+        with open(path, "wb") as f:
+            f.write(self.coder.encode(element))
+
+
+def load_dumped(directory: str, coder: Any) -> list[Any]:
+    if not os.path.isdir(directory):
+        return []
+    out = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            out.append(coder.decode(f.read()))
+    return out
+
+
+class Run:
+    """Outputs and metrics of one pipeline run."""
+
+    def __init__(self, results: list[ChunkResult], dead: list[DeadLetter], counters: dict) -> None:
+        self.results = sorted(results, key=lambda r: (r.seq_id, r.index))
+        self.dead = sorted(dead, key=lambda d: (d.seq_id, str(d.chunk_index), d.reason))
+        self.counters = counters
+
+    def by_key(self) -> dict[tuple[str, int], ChunkResult]:
+        return {(r.seq_id, r.index): r for r in self.results}
+
+
+def run_transform(
+    chunks: Iterable[Any] | beam.PTransform,
+    transform: Any,
+    tmp_path: Any,
+    options: list[str] | None = None,
+) -> Run:
+    """Apply `transform.with_exception_handling()` to `chunks` (a list, or a source such as a
+    TestStream) on the runner in `options`, FnApiRunner when none is named."""
+    from linstream.pipeline.job import _query_metrics
+
+    opts = list(options or [])
+    if not any(o.startswith("--runner") for o in opts):
+        opts.append("--runner=FnApiRunner")
+    tag = uuid.uuid4().hex[:8]
+    rdir = os.path.join(str(tmp_path), f"results-{tag}")
+    ddir = os.path.join(str(tmp_path), f"dead-{tag}")
+    p = beam.Pipeline(options=PipelineOptions(opts))
+    source = chunks if isinstance(chunks, beam.PTransform) else beam.Create(list(chunks))
+    results, dead = p | source | transform.with_exception_handling()
+    results | "DumpResults" >> beam.ParDo(_Dump(rdir, ChunkResultCoder()))
+    dead | "DumpDead" >> beam.ParDo(_Dump(ddir, DeadLetterCoder()))
+    res = p.run()
+    res.wait_until_finish()
+    counters, _ = _query_metrics(res)
+    return Run(
+        load_dumped(rdir, ChunkResultCoder()), load_dumped(ddir, DeadLetterCoder()), counters
+    )
+
+
+def write_tiny_model(path: str, seed: int = 0) -> str:
+    """A small token model (.safetensors) so that jobs in tests spend little time computing."""
+    from linstream.ops.model_config import ModelConfig
+    from linstream.ops.model_weights import init_weights, write_model
+
+    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
+    write_model(path, config, init_weights(config, seed))
+    return path
