@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Run the linstream embed job on Flink through Beam's portable runner and a Beam job server.
+#
+# With the Kubernetes cluster of deploy/flink/k8s/flink-beam.yaml, forward the job server first:
+#   kubectl -n linstream port-forward svc/beam-job-server 8099:8099 8098:8098
+#
+# Required environment:
+#   OUTPUT           results directory the workers can write (gs://, s3:// or a shared path)
+#   CHECKPOINT_DIR   checkpoint store root the workers can write
+# Source (one of):
+#   INPUT=...parquet                                batch
+#   KAFKA_BOOTSTRAP=host:9092 KAFKA_TOPIC=chunks    streaming (Beam's cross-language Kafka I/O)
+# Optional:
+#   JOB_ENDPOINT       default localhost:8099 (the job server)
+#   ARTIFACT_ENDPOINT  default localhost:8098
+#   ENVIRONMENT_TYPE   EXTERNAL (default: the worker-pool sidecar at localhost:50000 in each
+#                      taskmanager pod) or DOCKER (taskmanagers start IMAGE with docker)
+#   IMAGE              SDK image for DOCKER (required then)
+#   PARALLELISM        default 2        CHECKPOINTING_INTERVAL_MS  default 60000 (streaming)
+#   MODEL, RESUME=1, PRINT_ONLY=1 (print the command, one argument a line)
+# Further arguments are passed on (linstream or Beam options).
+set -euo pipefail
+
+: "${OUTPUT:?set OUTPUT to a results directory the Flink workers can write}"
+: "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to a checkpoint store root the Flink workers can write}"
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYTHON:-python3}"
+ENVIRONMENT_TYPE="${ENVIRONMENT_TYPE:-EXTERNAL}"
+
+args=(
+  "$PYTHON" "$here/../dataflow/submit.py"
+  --runner=PortableRunner
+  --job_endpoint="${JOB_ENDPOINT:-localhost:8099}"
+  --artifact_endpoint="${ARTIFACT_ENDPOINT:-localhost:8098}"
+  --parallelism="${PARALLELISM:-2}"
+  --output="$OUTPUT"
+  --checkpoint-dir="$CHECKPOINT_DIR"
+  --model="${MODEL:-builtin:default}"
+  --backend=numba
+)
+
+case "$ENVIRONMENT_TYPE" in
+  EXTERNAL) args+=(--environment_type=EXTERNAL --environment_config=localhost:50000) ;;
+  DOCKER)
+    : "${IMAGE:?set IMAGE to the linstream SDK image for ENVIRONMENT_TYPE=DOCKER}"
+    args+=(--environment_type=DOCKER --environment_config="$IMAGE")
+    ;;
+  *) echo "launch.sh: ENVIRONMENT_TYPE must be EXTERNAL or DOCKER, got '$ENVIRONMENT_TYPE'" >&2; exit 2 ;;
+esac
+
+if [ -n "${INPUT:-}" ]; then
+  args+=(--input="$INPUT")
+elif [ -n "${KAFKA_BOOTSTRAP:-}" ]; then
+  : "${KAFKA_TOPIC:?set KAFKA_TOPIC with KAFKA_BOOTSTRAP}"
+  args+=(
+    --streaming
+    --kafka_bootstrap="$KAFKA_BOOTSTRAP"
+    --kafka_topic="$KAFKA_TOPIC"
+    --checkpointing_interval="${CHECKPOINTING_INTERVAL_MS:-60000}"
+  )
+else
+  echo "launch.sh: set INPUT (batch) or KAFKA_BOOTSTRAP and KAFKA_TOPIC (streaming)" >&2
+  exit 2
+fi
+
+if [ "${RESUME:-0}" = "1" ]; then
+  args+=(--resume)
+fi
+args+=("$@")
+
+if [ "${PRINT_ONLY:-0}" = "1" ]; then
+  printf '%s\n' "${args[@]}"
+  exit 0
+fi
+exec "${args[@]}"
