@@ -18,7 +18,7 @@ help:
 $(VENV)/.created:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"linstream needs Python 3.11+, found {sys.version.split()[0]}"'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) $(PIP_FLAGS) install --upgrade "pip>=24" "setuptools>=69" wheel
+	$(PIP) $(PIP_FLAGS) install --upgrade "pip>=24" "setuptools>=77" wheel
 	touch $@
 
 $(VENV)/.demo: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
