@@ -10,14 +10,29 @@ token).  Projections and the feed-forward block are NumPy matrix products (BLAS,
 attention is `causal_linear_attention` with the model's feature map and eps, its state float64
 unless the given states are float32.  `compute_dtype=np.float64` runs everything in float64
 (tests compare that mode with the PyTorch twin to ~1e-12).
+
+One forward for every device: `_forward_chunk` is written against an array namespace `xp`.  On
+the host (backend "numpy" or "numba") it runs with `xp=numpy` and `causal_linear_attention`.
+With backend "cupy" (or "auto" on a machine with a usable CUDA device) it runs with `xp=cupy`:
+the weights are uploaded once per model and device (cached), the chunk's inputs are uploaded,
+norms, projections (cuBLAS), activations and attention (`cupy_causal` on device arrays, states
+as device arrays) stay on the device across layers, and only the embeddings come back.  States
+follow the caller:
+
+    host states in  -> host states out (one packed device->host copy per chunk; Beam state and
+                       checkpoints hold bytes, so they need host arrays)
+    device states in -> device states out (no copy; `model.to_host_states(states)` before a
+                       checkpoint, `model.to_device_states(states)` to start on the device)
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +40,7 @@ import numpy.typing as npt
 
 from .attention import causal_linear_attention
 from .attention_state import AttentionState
+from .backend import resolve_backend
 from .feature_maps import get_feature_map
 from .model_config import ModelConfig
 from .model_weights import check_tensors, fingerprint, read_model
@@ -34,6 +50,7 @@ __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 BUILTIN_PREFIX = "builtin:"
 _BUILTIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+_DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (uploads)
 
 
 def _builtin_dir() -> Any:
@@ -76,7 +93,18 @@ def load_model(
 
 
 class _Layer:
-    """One block's weights, laid out for x @ W products (transposed once at load)."""
+    """One block's weights, laid out for x @ W products (transposed once at load).
+
+    Host NumPy arrays as built here; `map` gives the same layer on a device."""
+
+    w_qkv: Any
+    w_o: Any
+    w_up: Any
+    b_up: Any
+    w_down: Any
+    b_down: Any
+    n1: tuple[Any, Any]
+    n2: tuple[Any, Any]
 
     def __init__(self, w: Mapping[str, np.ndarray], p: str, dt: np.dtype, layernorm: bool) -> None:
         def t(name: str) -> np.ndarray:
@@ -98,6 +126,246 @@ class _Layer:
         self.n1 = (v("norm1.weight"), v("norm1.bias") if layernorm else None)
         self.n2 = (v("norm2.weight"), v("norm2.bias") if layernorm else None)
 
+    def map(self, fn: Callable[[Any], Any]) -> _Layer:
+        """The same layer with every array passed through fn (e.g. copied to a device)."""
+        new = object.__new__(_Layer)
+        new.w_qkv, new.w_o = fn(self.w_qkv), fn(self.w_o)
+        new.w_up, new.b_up = fn(self.w_up), _opt(fn, self.b_up)
+        new.w_down, new.b_down = fn(self.w_down), _opt(fn, self.b_down)
+        new.n1 = (_opt(fn, self.n1[0]), _opt(fn, self.n1[1]))
+        new.n2 = (_opt(fn, self.n2[0]), _opt(fn, self.n2[1]))
+        return new
+
+
+def _opt(fn: Callable[[Any], Any], a: Any) -> Any:
+    return None if a is None else fn(a)
+
+
+class _Weights:
+    """Every array the forward reads, in compute dtype: the model's host NumPy arrays, or one
+    device's copies of them (`map`)."""
+
+    def __init__(
+        self,
+        dtype: np.dtype,
+        embed: Any,
+        w_in: Any,
+        b_in: Any,
+        layers: list[_Layer],
+        final: tuple[Any, Any],
+    ) -> None:
+        self.dtype = dtype
+        self.embed = embed  # [vocab, d_model] (tokens) or None
+        self.w_in = w_in  # [input_dim, d_model] (features) or None
+        self.b_in = b_in
+        self.layers = layers
+        self.final = final
+
+    def map(self, fn: Callable[[Any], Any]) -> _Weights:
+        return _Weights(
+            self.dtype,
+            _opt(fn, self.embed),
+            _opt(fn, self.w_in),
+            _opt(fn, self.b_in),
+            [layer.map(fn) for layer in self.layers],
+            (_opt(fn, self.final[0]), _opt(fn, self.final[1])),
+        )
+
+
+# -- the forward, against an array namespace ---------------------------------------------------
+Attend = Callable[[Any, Any, Any, AttentionState], tuple[Any, AttentionState]]
+
+
+def _norm(xp: Any, x: Any, wb: tuple[Any, Any], eps: float) -> Any:
+    w, b = wb
+    if b is not None:  # layernorm: (x - mean) / sqrt(var + eps) · w + b
+        y = x - x.mean(axis=1, keepdims=True)
+        var = xp.einsum("td,td->t", y, y) / x.shape[1]
+    else:  # rmsnorm: x / sqrt(mean(x²) + eps) · w
+        y = x.copy()
+        var = xp.einsum("td,td->t", x, x) / x.shape[1]
+    y *= (1.0 / xp.sqrt(var + eps))[:, None].astype(x.dtype, copy=False)
+    y *= w
+    if b is not None:
+        y += b
+    return y
+
+
+def _activation(xp: Any, u: Any, act: str) -> Any:
+    """In place on u (a fresh buffer)."""
+    if act == "relu":
+        return xp.maximum(u, 0, out=u)
+    if act == "silu":  # x · sigmoid(x), sigmoid(x) = (1 + tanh(x/2)) / 2 (no overflow)
+        s = xp.tanh(u * 0.5)
+        s += 1.0
+        s *= 0.5
+        u *= s
+        return u
+    # gelu_tanh: x/2 · (1 + tanh(sqrt(2/π) · (x + 0.044715 x³)))
+    s = u * u
+    s *= 0.044715
+    s += 1.0
+    s *= u
+    s *= _SQRT_2_OVER_PI
+    xp.tanh(s, out=s)
+    s += 1.0
+    u *= 0.5
+    u *= s
+    return u
+
+
+def _forward_chunk(
+    xp: Any,
+    w: _Weights,
+    x_in: Any,
+    states: Sequence[AttentionState],
+    *,
+    config: ModelConfig,
+    attend: Attend,
+) -> tuple[Any, list[AttentionState]]:
+    """One chunk through the model with the array namespace xp (numpy, or cupy on a device).
+
+    x_in: checked token ids [T] or feature vectors [T, input_dim]; w, states: arrays of xp;
+    attend(q, k, v, state) -> (out [T, H, d_head], new state), arrays of xp.  Returns (emb
+    [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies between the host
+    and a device, so on a device every layer's activations stay there.
+    """
+    c = config
+    if w.embed is not None:
+        x = w.embed[x_in]
+    else:
+        x = x_in.astype(w.dtype, copy=False) @ w.w_in
+        x += w.b_in
+    t = x.shape[0]
+    h, dh, a = c.n_heads, c.d_head, c.d_attn
+    new_states = []
+    for layer, s in zip(w.layers, states, strict=True):
+        qkv = _norm(xp, x, layer.n1, c.norm_eps) @ layer.w_qkv  # [T, 3·d_attn]
+        qkv = qkv.reshape(t, 3, h, dh)
+        y, s_new = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], s)
+        new_states.append(s_new)
+        x += y.reshape(t, a) @ layer.w_o
+        u = _norm(xp, x, layer.n2, c.norm_eps) @ layer.w_up
+        if layer.b_up is not None:
+            u += layer.b_up
+        x += _activation(xp, u, c.activation) @ layer.w_down
+        if layer.b_down is not None:
+            x += layer.b_down
+    return _norm(xp, x, w.final, c.norm_eps), new_states
+
+
+# -- devices -------------------------------------------------------------------------------------
+class _Device:
+    """How the forward runs on a device: its array namespace, copies both ways, and attention
+    on its arrays.  `_CupyDevice` is the real one; the CPU tests substitute NumPy stand-ins to
+    run the same path (`EmbeddingModel._embed_chunk_on`)."""
+
+    xp: Any
+
+    def cache_key(self) -> Hashable:
+        """Which device: weights are uploaded once per model and key."""
+        raise NotImplementedError
+
+    def is_device(self, a: Any) -> bool:
+        raise NotImplementedError
+
+    def to_device(self, a: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def to_host(self, a: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def attend(
+        self, q: Any, k: Any, v: Any, state: AttentionState, *, feature_map: Any, eps: float
+    ) -> tuple[Any, AttentionState]:
+        raise NotImplementedError
+
+
+class _CupyDevice(_Device):
+    """The current CuPy device: cuBLAS products, `cupy_causal` on device arrays."""
+
+    def __init__(self) -> None:
+        from .cupy_backend import cupy_causal, xp_cupy
+
+        self.xp = xp_cupy()
+        self._causal = cupy_causal
+
+    def cache_key(self) -> Hashable:
+        return ("cupy", int(self.xp.cuda.Device().id))
+
+    def is_device(self, a: Any) -> bool:
+        return isinstance(a, self.xp.ndarray)
+
+    def to_device(self, a: np.ndarray) -> Any:
+        return self.xp.asarray(a)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return np.asarray(self.xp.asnumpy(a))
+
+    def attend(
+        self, q: Any, k: Any, v: Any, state: AttentionState, *, feature_map: Any, eps: float
+    ) -> tuple[Any, AttentionState]:
+        # CuPy q and state in -> CuPy out and state: nothing leaves the device.
+        out, new = self._causal(q, k, v, state, feature_map=feature_map, eps=eps, dtype=q.dtype)
+        return out, new
+
+
+@functools.cache
+def _cupy_device() -> _CupyDevice:
+    return _CupyDevice()
+
+
+def _on_cupy(a: Any) -> bool:
+    """A CuPy array (checked by its type's module: CuPy need not be importable)."""
+    return type(a).__module__.split(".")[0] == "cupy"
+
+
+def _states_on_device(states: Sequence[AttentionState], dev: _Device) -> bool:
+    """True when every state array is on dev, False when none is; TypeError for a mix."""
+    flags = [dev.is_device(a) for st in states for a in (st.S, st.z)]
+    if all(flags):
+        return True
+    if not any(flags):
+        return False
+    i = flags.index(not flags[0]) // 2
+    msg = (
+        f"states mix host and device arrays (states[0] and states[{i}] differ): pass all on "
+        "the host (NumPy) or all on the device (to_host_states / to_device_states convert)"
+    )
+    raise TypeError(msg)
+
+
+def _pack_plan(states: Sequence[AttentionState]) -> np.dtype | None:
+    dts = {np.dtype(a.dtype) for st in states for a in (st.S, st.z)}
+    return dts.pop() if len(dts) == 1 else None
+
+
+def _move_states(
+    states: Sequence[AttentionState], src: Any, move: Callable[[Any], Any]
+) -> list[AttentionState]:
+    """Copy states (arrays of namespace src) across with one packed transfer (`move`), split
+    into views of the moved buffer; one transfer per array when the layers' dtypes differ."""
+    if _pack_plan(states) is None:
+        return [AttentionState(move(st.S), move(st.z)) for st in states]
+    flat = move(src.concatenate([a.reshape(-1) for st in states for a in (st.S, st.z)]))
+    out, pos = [], 0
+    for st in states:
+        pair = []
+        for a in (st.S, st.z):
+            n = int(a.size)
+            pair.append(flat[pos : pos + n].reshape(a.shape))
+            pos += n
+        out.append(AttentionState(pair[0], pair[1]))
+    return out
+
+
+def _upload_states(states: Sequence[AttentionState], dev: _Device) -> list[AttentionState]:
+    return _move_states(states, np, dev.to_device)
+
+
+def _download_states(states: Sequence[AttentionState], dev: _Device) -> list[AttentionState]:
+    return _move_states(states, dev.xp, dev.to_host)
+
 
 class EmbeddingModel:
     """A loaded model that embeds one chunk at a time (see the module docstring).
@@ -105,6 +373,8 @@ class EmbeddingModel:
     config: ModelConfig; fingerprint: hex sha256 over config, weights and feature-map params
     (checkpoints record it); state_shape: (L, H, F, d_head), each layer's state being
     S [H, F, d_head] and z [H, F]; weights: the stored float32 tensors (read-only views).
+    States may be host (NumPy) or, with backend "cupy", device (CuPy) arrays: `embed_chunk`
+    returns them where they came from; `to_host_states` / `to_device_states` convert.
     """
 
     def __init__(
@@ -142,19 +412,33 @@ class EmbeddingModel:
         )
         layernorm = config.normalization == "layernorm"
         if config.input_kind == "tokens":
-            self._embed: np.ndarray | None = np.asarray(stored["embed.weight"], dtype=dt)
-            self._w_in = self._b_in = None
+            embed: np.ndarray | None = np.asarray(stored["embed.weight"], dtype=dt)
+            w_in = b_in = None
         else:
-            self._embed = None
-            self._w_in = np.ascontiguousarray(stored["input_proj.weight"].T, dtype=dt)
-            self._b_in = np.asarray(stored["input_proj.bias"], dtype=dt)
-        self._layers = [
-            _Layer(stored, f"layers.{i}", dt, layernorm) for i in range(config.n_layers)
-        ]
-        self._final = (
-            np.asarray(stored["final_norm.weight"], dtype=dt),
-            np.asarray(stored["final_norm.bias"], dtype=dt) if layernorm else None,
+            embed = None
+            w_in = np.ascontiguousarray(stored["input_proj.weight"].T, dtype=dt)
+            b_in = np.asarray(stored["input_proj.bias"], dtype=dt)
+        self._host = _Weights(
+            dt,
+            embed,
+            w_in,
+            b_in,
+            [_Layer(stored, f"layers.{i}", dt, layernorm) for i in range(config.n_layers)],
+            (
+                np.asarray(stored["final_norm.weight"], dtype=dt),
+                np.asarray(stored["final_norm.bias"], dtype=dt) if layernorm else None,
+            ),
         )
+        # The weights uploaded to each device (by _Device.cache_key), on first use there.
+        self._device_weights: dict[Hashable, _Weights] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_device_weights"] = {}  # device copies are not shipped; re-uploaded on use
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         c = self.config
@@ -208,6 +492,25 @@ class EmbeddingModel:
                     raise TypeError(msg)
             out.append(st)
         return out
+
+    def to_host_states(self, states: Sequence[AttentionState]) -> list[AttentionState]:
+        """Host (NumPy) copies of per-layer states, e.g. device states before a checkpoint or
+        before Beam state (both hold bytes).  Device (CuPy) states come over in one packed
+        device->host copy; host states are returned as they are (not copied)."""
+        st = self._check_states(states)
+        if not any(_on_cupy(a) for s in st for a in (s.S, s.z)):
+            return st
+        dev = _cupy_device()
+        _states_on_device(st, dev)  # a host/device mix is a TypeError
+        return _download_states(st, dev)
+
+    def to_device_states(self, states: Sequence[AttentionState]) -> list[AttentionState]:
+        """Per-layer states on the current CuPy device (one packed host->device copy), so that
+        `embed_chunk(..., backend="cupy")` keeps them there across chunks.  Device states are
+        returned as they are.  BackendUnavailableError without a usable CUDA device."""
+        st = self._check_states(states)
+        dev = _cupy_device()
+        return st if _states_on_device(st, dev) else _upload_states(st, dev)
 
     # -- inputs -----------------------------------------------------------------------------
     def check_inputs(self, inputs: Any) -> None:
@@ -265,44 +568,6 @@ class EmbeddingModel:
         return x
 
     # -- forward ----------------------------------------------------------------------------
-    def _norm(self, x: np.ndarray, wb: tuple[np.ndarray | None, np.ndarray | None]) -> np.ndarray:
-        w, b = wb
-        eps = self.config.norm_eps
-        if b is not None:  # layernorm: (x - mean) / sqrt(var + eps) · w + b
-            y = x - x.mean(axis=1, keepdims=True)
-            var = np.einsum("td,td->t", y, y) / x.shape[1]
-        else:  # rmsnorm: x / sqrt(mean(x²) + eps) · w
-            y = x.copy()
-            var = np.einsum("td,td->t", x, x) / x.shape[1]
-        y *= (1.0 / np.sqrt(var + eps))[:, None].astype(x.dtype, copy=False)
-        y *= w
-        if b is not None:
-            y += b
-        return y
-
-    def _activation(self, u: np.ndarray) -> np.ndarray:
-        """In place on u (a fresh buffer)."""
-        act = self.config.activation
-        if act == "relu":
-            return np.maximum(u, 0, out=u)
-        if act == "silu":  # x · sigmoid(x), sigmoid(x) = (1 + tanh(x/2)) / 2 (no overflow)
-            s = np.tanh(u * 0.5)
-            s += 1.0
-            s *= 0.5
-            u *= s
-            return u
-        # gelu_tanh: x/2 · (1 + tanh(sqrt(2/π) · (x + 0.044715 x³)))
-        s = u * u
-        s *= 0.044715
-        s += 1.0
-        s *= u
-        s *= _SQRT_2_OVER_PI
-        np.tanh(s, out=s)
-        s += 1.0
-        u *= 0.5
-        u *= s
-        return u
-
     def embed_chunk(
         self, inputs: Any, states: Sequence[AttentionState] | None, *, backend: str = "auto"
     ) -> tuple[np.ndarray, list[AttentionState]]:
@@ -312,50 +577,88 @@ class EmbeddingModel:
         (emb [T, d_model] in compute_dtype (float32 by default), new states), one
         AttentionState per layer in the given states' dtype.  Neither inputs nor states are
         modified.  Raises TypeError / ValueError as `check_inputs` describes.
+
+        backend: "numpy" / "numba" run on the host; "cupy" (and "auto" where a CUDA device is
+        usable) runs the whole forward on the device.  The embeddings always come back as
+        NumPy; the states come back where they were given: host states (or None) -> host
+        states (one device->host copy of all layers per chunk), CuPy states -> CuPy states
+        (no copy; call `to_host_states` before checkpointing them).
         """
         x_in = self._prepare_inputs(inputs)
-        st = self.initial_states() if states is None else self._check_states(states)
-        c = self.config
-        dt = self.compute_dtype
-        if self._embed is not None:
-            x = self._embed[x_in]
+        checked = None if states is None else self._check_states(states)
+        name = resolve_backend(backend)
+        if name == "cupy":
+            return self._embed_chunk_on(_cupy_device(), x_in, checked)
+        st = self.initial_states() if checked is None else checked
+        for i, s in enumerate(st):
+            if _on_cupy(s.S) or _on_cupy(s.z):
+                msg = (
+                    f"states[{i}] holds CuPy (device) arrays but backend {name!r} runs on the "
+                    "host: pass backend='cupy', or model.to_host_states(states) first"
+                )
+                raise TypeError(msg)
+        attend = functools.partial(
+            causal_linear_attention, feature_map=self.feature_map, eps=self.config.eps, backend=name
+        )
+        return _forward_chunk(np, self._host, x_in, st, config=self.config, attend=attend)
+
+    def _weights_on(self, dev: _Device) -> _Weights:
+        """The weights on dev, uploaded on first use there and cached with the model."""
+        key = dev.cache_key()
+        w = self._device_weights.get(key)
+        if w is None:
+            with _DEVICE_LOCK:
+                w = self._device_weights.get(key)
+                if w is None:
+                    w = self._host.map(dev.to_device)
+                    self._device_weights[key] = w
+        return w
+
+    def _embed_chunk_on(
+        self, dev: _Device, x_in: np.ndarray, states: list[AttentionState] | None
+    ) -> tuple[np.ndarray, list[AttentionState]]:
+        """embed_chunk on a device, from checked inputs and states (None: zeros, host out).
+
+        Uploads: the weights once (cached), the chunk's inputs, and the states if they are on
+        the host.  Downloads: the embeddings, and the states if they came from the host.
+        """
+        if states is None:
+            n_layers, h, f, dv = self.state_shape
+            xp = dev.xp
+            zero = [
+                AttentionState(xp.zeros((h, f, dv), np.float64), xp.zeros((h, f), np.float64))
+                for _ in range(n_layers)
+            ]
+            st, host_states = zero, True
         else:
-            assert self._w_in is not None and self._b_in is not None
-            x = x_in.astype(dt, copy=False) @ self._w_in
-            x += self._b_in
-        t = x.shape[0]
-        h, dh, a = c.n_heads, c.d_head, c.d_attn
-        new_states = []
-        for layer, s in zip(self._layers, st, strict=True):
-            qkv = self._norm(x, layer.n1) @ layer.w_qkv  # [T, 3·d_attn]
-            qkv = qkv.reshape(t, 3, h, dh)
-            y, s_new = causal_linear_attention(
-                qkv[:, 0],
-                qkv[:, 1],
-                qkv[:, 2],
-                s,
-                feature_map=self.feature_map,
-                eps=c.eps,
-                backend=backend,
-            )
-            new_states.append(s_new)
-            x += y.reshape(t, a) @ layer.w_o
-            u = self._norm(x, layer.n2) @ layer.w_up
-            if layer.b_up is not None:
-                u += layer.b_up
-            x += self._activation(u) @ layer.w_down
-            if layer.b_down is not None:
-                x += layer.b_down
-        return self._norm(x, self._final), new_states
+            host_states = not _states_on_device(states, dev)
+            st = _upload_states(states, dev) if host_states else states
+        w = self._weights_on(dev)
+        if w.embed is None:  # features: cast on the host, so the upload is the compute dtype
+            x_in = x_in.astype(w.dtype, copy=False)
+        fm, eps = self.feature_map, self.config.eps
+
+        def attend(q: Any, k: Any, v: Any, s: AttentionState) -> tuple[Any, AttentionState]:
+            return dev.attend(q, k, v, s, feature_map=fm, eps=eps)
+
+        emb, new = _forward_chunk(
+            dev.xp, w, dev.to_device(x_in), st, config=self.config, attend=attend
+        )
+        out = dev.to_host(emb)
+        return out, (_download_states(new, dev) if host_states else new)
 
     def embed(
         self, inputs: Any, *, chunk_size: int | None = None, backend: str = "auto"
     ) -> np.ndarray:
-        """Embed a whole sequence from the zero state (in chunks of `chunk_size` if given)."""
+        """Embed a whole sequence from the zero state (in chunks of `chunk_size` if given).
+
+        With backend "cupy" the states stay on the device between chunks."""
         x = np.asarray(inputs)
         n = x.shape[0] if x.ndim else 0
         step = n if not chunk_size else int(chunk_size)
         states: list[AttentionState] | None = None
+        if n and resolve_backend(backend) == "cupy":
+            states = self.to_device_states(self.initial_states())
         parts = []
         for s in range(0, max(n, 1), max(step, 1)):
             e, states = self.embed_chunk(x[s : s + step], states, backend=backend)
