@@ -34,9 +34,11 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import llvmlite.ir as llvmir
 import numba
 import numpy as np
 from numba import prange
+from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
 
@@ -62,18 +64,38 @@ _FASTMATH: set[str] = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 
 @intrinsic
-def _bits_to_f32(typingctx: Any, i: Any) -> Any:
-    """Reinterpret the low 32 bits of an integer as a float32 (a register bitcast, vectorizable)."""
-    if not isinstance(i, nbtypes.Integer):
+def _floor_f32(typingctx: Any, x: Any) -> Any:
+    """floor of a float32 as a float32 (llvm.floor: one vroundps per vector, unlike math.floor,
+    which returns an int64 that AVX2 cannot convert to in vectors)."""
+    if x != nbtypes.float32:
         return None
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        val = args[0]
-        if i.bitwidth != 32:  # type: ignore[attr-defined]  # numba's stubs omit Integer.bitwidth
-            val = builder.trunc(val, context.get_value_type(nbtypes.int32))
-        return builder.bitcast(val, context.get_value_type(nbtypes.float32))
+        fnty = llvmir.FunctionType(llvmir.FloatType(), [llvmir.FloatType()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.floor.f32")
+        return builder.call(fn, [args[0]])
 
-    return nbtypes.float32(i), codegen
+    return nbtypes.float32(x), codegen
+
+
+@intrinsic
+def _pow2_f32(typingctx: Any, n: Any) -> Any:
+    """2**n as a float32 for an integer-valued float32 n in [-126, 128] (128 gives inf).
+
+    Built in 32-bit integers (fptosi, add, shift, bitcast), which vectorize; Numba's own integer
+    arithmetic would widen to int64, which AVX2 cannot convert to or from floats in vectors.
+    """
+    if n != nbtypes.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        i32 = llvmir.IntType(32)
+        i = builder.fptosi(args[0], i32)
+        i = builder.add(i, llvmir.Constant(i32, 127))
+        i = builder.shl(i, llvmir.Constant(i32, 23))
+        return builder.bitcast(i, llvmir.FloatType())
+
+    return nbtypes.float32(n), codegen
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)
@@ -87,9 +109,10 @@ def _exp_f32(x: Any) -> Any:
     hi = np.float32(88.7)
     x = lo if x < lo else x  # selects, not min/max: numba's min/max branch on NaN
     x = hi if x > hi else x
-    y = x * np.float32(1.44269504088896341) + np.float32(0.5)
-    n = np.float32(np.int32(y))  # truncation; floor for negative y below
-    n = n - np.float32(1) if n > y else n
+    # typingctx is implicit in an intrinsic's call (mypy sees the Python signature)
+    n: Any = _floor_f32(  # type: ignore[call-arg]
+        x * np.float32(1.44269504088896341) + np.float32(0.5)
+    )
     r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
     p = np.float32(1.9875691500e-4)
     p = p * r + np.float32(1.3981999507e-3)
@@ -98,9 +121,7 @@ def _exp_f32(x: Any) -> Any:
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     p = p * (r * r) + r + np.float32(1.0)
-    scale: Any = _bits_to_f32(  # type: ignore[call-arg]  # typingctx is implicit
-        (np.int32(n) + np.int32(127)) << 23
-    )
+    scale: Any = _pow2_f32(n)
     return p * scale
 
 
