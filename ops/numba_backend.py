@@ -34,6 +34,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+# Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
+# kernel calls that spinning takes the cores from NumPy's BLAS threads (the model's projections)
+# and made the model runtime 3-6x slower than with the NumPy backend.  Passive waiting must be
+# set before libgomp starts (at the first parallel kernel, not at import); a user's setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import llvmlite.ir as llvmir
 import numba
 import numpy as np
