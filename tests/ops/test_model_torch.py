@@ -23,7 +23,7 @@ from linstream.ops.model_runtime import EmbeddingModel  # noqa: E402
 from linstream.ops.model_torch import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
 from linstream.ops.model_weights import weight_specs  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "RESULTS-model.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -267,13 +267,13 @@ def test_twin_load_refuses_bad_files_like_the_runtime(tmp_path):
 
 
 def test_readme_training_example_runs(tmp_path, monkeypatch):
-    """The example in RESULTS-model.md (pasted into README) must run as written."""
-    text = RESULTS.read_text()
+    """The training example in README.md must run as written."""
+    text = README.read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     example = next(b for b in blocks if "TorchEmbeddingModel" in b)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(example, str(RESULTS), "exec"), scope)
+    exec(compile(example, str(README), "exec"), scope)
     assert (tmp_path / "my-model.safetensors").exists()
     assert scope["losses"][-1] < scope["losses"][0]
     rt = load_model(tmp_path / "my-model.safetensors")
