@@ -156,6 +156,7 @@ class SequenceDoFn(beam.DoFn):
         idle_timeout: float = 300.0,
         emit: str = "tokens",
         progress_every_s: float | None = None,
+        restore_fallback: bool = False,
     ) -> None:
         if emit not in EMIT_MODES:
             msg = f"emit must be one of {EMIT_MODES}, got {emit!r}"
@@ -178,6 +179,9 @@ class SequenceDoFn(beam.DoFn):
         self.idle_timeout = float(idle_timeout)
         self.emit = emit
         self.progress_every_s = progress_every_s
+        # Falling back past a corrupt newest commit is the caller's explicit choice (logged by
+        # the store); without it the sequence's chunks go to the dead letters (restore_failed).
+        self.restore_fallback = bool(restore_fallback)
         self._store: CheckpointStore | None = None
         self._m: _Counters | None = None
         self._progress: _Progress | None = None
@@ -210,7 +214,9 @@ class SequenceDoFn(beam.DoFn):
         if raw is not None:
             return decode_state(raw, expected_fingerprint=self.step.fingerprint)
         if self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
-            st = self._store.restore(seq_id, fingerprint=self.step.fingerprint, fallback=True)
+            st = self._store.restore(
+                seq_id, fingerprint=self.step.fingerprint, fallback=self.restore_fallback
+            )
             if st is not None:
                 self.m.restores.inc()
                 return st

@@ -46,6 +46,12 @@ def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit", choices=EMIT_MODES, default="tokens")
     parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "numba", "cupy"))
     parser.add_argument("--checkpoint-every", type=int, default=16, metavar="N")
+    parser.add_argument(
+        "--restore-fallback",
+        action="store_true",
+        help="when a sequence's newest checkpoint is corrupt, continue from the previous one "
+        "(logged); without it that sequence's chunks go to the dead letters",
+    )
     parser.add_argument("--max-buffered-chunks", type=int, default=64, metavar="N")
     parser.add_argument(
         "--idle-timeout", type=float, default=300.0, metavar="S", help="event-time seconds"
@@ -109,6 +115,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         state_dtype=_get(args, "state_dtype", "float64"),
         emit=emit,
         progress_every_s=progress if progress else None,
+        restore_fallback=bool(_get(args, "restore_fallback", False)),
     )
     width = int(transform._dofn.step.model.config.d_model)  # type: ignore[attr-defined]  # EmbedStep
     output = _get(args, "output")

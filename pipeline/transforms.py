@@ -37,6 +37,7 @@ class _SequenceTransform(beam.PTransform):
         idle_timeout: float,
         emit: str,
         progress_every_s: float | None,
+        restore_fallback: bool,
     ) -> None:
         super().__init__()
         self._with_errors = False
@@ -50,6 +51,7 @@ class _SequenceTransform(beam.PTransform):
             idle_timeout=idle_timeout,
             emit=emit,
             progress_every_s=progress_every_s,
+            restore_fallback=restore_fallback,
         )
 
     def with_exception_handling(self) -> _SequenceTransform:
@@ -105,6 +107,7 @@ class CausalLinearAttention(_SequenceTransform):
         idle_timeout: float = 300.0,
         emit: str = "tokens",
         progress_every_s: float | None = None,
+        restore_fallback: bool = False,
     ) -> None:
         super().__init__(
             RawAttentionStep(feature_map, eps, backend, state_dtype),
@@ -116,6 +119,7 @@ class CausalLinearAttention(_SequenceTransform):
             idle_timeout=idle_timeout,
             emit=emit,
             progress_every_s=progress_every_s,
+            restore_fallback=restore_fallback,
         )
 
 
@@ -142,6 +146,7 @@ class EmbedSequences(_SequenceTransform):
         idle_timeout: float = 300.0,
         emit: str = "tokens",
         progress_every_s: float | None = None,
+        restore_fallback: bool = False,
     ) -> None:
         super().__init__(
             EmbedStep(model, backend, state_dtype),
@@ -153,4 +158,5 @@ class EmbedSequences(_SequenceTransform):
             idle_timeout=idle_timeout,
             emit=emit,
             progress_every_s=progress_every_s,
+            restore_fallback=restore_fallback,
         )
