@@ -77,6 +77,12 @@ class _Meta:
         )
 
 
+def _all_finite(out: Any, layers: Any) -> bool:
+    return bool(np.isfinite(out).all()) and all(
+        bool(np.isfinite(a.S).all() and np.isfinite(a.z).all()) for a in layers
+    )
+
+
 class _Counters:
     def __init__(self) -> None:
         c = lambda name: Metrics.counter(NAMESPACE, name)  # noqa: E731
@@ -217,6 +223,14 @@ class SequenceDoFn(beam.DoFn):
             st = self._store.restore(
                 seq_id, fingerprint=self.step.fingerprint, fallback=self.restore_fallback
             )
+            if st is not None and meta.evicted and st.next_chunk != meta.committed_next:
+                msg = (
+                    f"sequence {seq_id!r} was evicted after committing chunk "
+                    f"{meta.committed_next - 1}, but the newest checkpoint in "
+                    f"{self.checkpoint_dir!r} continues after chunk {st.next_chunk - 1}: another "
+                    "job wrote to this checkpoint directory (use a fresh one, or --resume)"
+                )
+                raise CheckpointError(msg)
             if st is not None:
                 self.m.restores.inc()
                 return st
@@ -362,6 +376,7 @@ class SequenceDoFn(beam.DoFn):
                 self.m.gaps.inc()  # a gap opened: chunk `next_chunk` is missing for now
             if chunk.final:
                 meta.final_index = idx
+                yield from self._drop_after_final(seq_id, idx, meta, buffer)
             return False
 
         # 3b. In order: apply it, then whatever the buffer holds right behind it.
@@ -372,13 +387,21 @@ class SequenceDoFn(beam.DoFn):
         changed = False
         while ready:
             cidx, cdata, cfinal = ready.pop()
-            if st is None:
-                st = SequenceState.initial(
-                    seq_id,
-                    self.step.state_shape(cdata),
-                    self.step.fingerprint,
-                    dtype=self.step.state_dtype,
+            try:
+                start_st = (
+                    st
+                    if st is not None
+                    else SequenceState.initial(
+                        seq_id,
+                        self.step.state_shape(cdata),
+                        self.step.fingerprint,
+                        dtype=self.step.state_dtype,
+                    )
                 )
+            except (ValueError, TypeError) as ex:  # e.g. a zero-sized head or width
+                yield self._dead(seq_id, cidx, "bad_shape", f"{type(ex).__name__}: {ex}")
+                break
+            st = start_st
             try:
                 t0 = time.perf_counter()
                 out, layers = self.step.apply(cdata, st.layers())
@@ -388,6 +411,17 @@ class SequenceDoFn(beam.DoFn):
                 break
             except (ValueError, TypeError, FloatingPointError) as ex:
                 yield self._dead(seq_id, cidx, "compute_error", f"{type(ex).__name__}: {ex}")
+                break
+            if not _all_finite(out, layers):
+                # Finite inputs can still overflow (values near the float range): the chunk is
+                # refused and the sequence keeps the state it had before it.
+                yield self._dead(
+                    seq_id,
+                    cidx,
+                    "non_finite",
+                    "expected finite outputs and state, but the chunk's result overflowed to "
+                    "Inf or NaN (inputs too large)",
+                )
                 break
             n = self.step.tokens(cdata)
             start = st.position
@@ -404,6 +438,11 @@ class SequenceDoFn(beam.DoFn):
             if self._progress is not None:
                 self._progress.add(n)
             yield ChunkResult(seq_id, cidx, start, _emit(out, self.emit))
+            if cfinal:  # nothing after the final chunk is applied
+                for c in pending:
+                    yield self._after_final(seq_id, int(c.index), cidx)
+                pending = []
+                break
             while pending and int(pending[0].index) < st.next_chunk:
                 pending.pop(0)  # superseded (cannot happen unless a duplicate slipped in)
             if pending and int(pending[0].index) == st.next_chunk:
@@ -424,6 +463,26 @@ class SequenceDoFn(beam.DoFn):
         if changed and st is not None:
             state.write(encode_state(st))
         return changed
+
+    def _after_final(self, seq_id: str, idx: int, final_index: int) -> Any:
+        return self._dead(
+            seq_id, idx, "after_final", f"expected no chunk after the final chunk {final_index}"
+        )
+
+    def _drop_after_final(
+        self, seq_id: str, final_index: int, meta: _Meta, buffer: Any
+    ) -> Iterator[Any]:
+        """Dead-letter buffered chunks beyond a final chunk that has just been buffered."""
+        kept = [c for c in buffer.read() if int(c.index) <= final_index]
+        if len(kept) == meta.n_buffered:
+            return
+        for c in buffer.read():
+            if int(c.index) > final_index:
+                yield self._after_final(seq_id, int(c.index), final_index)
+        buffer.clear()
+        for c in kept:
+            buffer.add(c)
+        meta.n_buffered = len(kept)
 
     # -- idle -------------------------------------------------------------------------------
     @on_timer(IDLE)
