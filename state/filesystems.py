@@ -74,7 +74,10 @@ class LocalStorage:
     def read(self, path: str, limit: int) -> bytes:
         """At most ``limit + 1`` bytes (so a caller sees a file longer than it should be)."""
         with open(path, "rb", buffering=0) as f:
-            return f.readall() if limit < 0 else _read_up_to(f, limit + 1)
+            if limit < 0:
+                return f.readall()
+            # The limit can come from an untrusted manifest: never ask for more than is there.
+            return _read_up_to(f, min(limit, os.fstat(f.fileno()).st_size) + 1)
 
     def size(self, path: str) -> int:
         return os.stat(path).st_size
