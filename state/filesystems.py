@@ -104,9 +104,13 @@ class LocalStorage:
         try:
             os.link(tmp, path)
         except FileExistsError:
-            # Same name = same content hash; repair a damaged copy, never touch a good one.
+            # Same name = same content hash; repair a damaged copy, never rewrite a good one.
             if self.read(path, len(memoryview(data).cast("B"))) != bytes(data):
                 os.replace(tmp, path)
+            else:
+                # An old orphan being reused: restart its GC grace period, or a gc() that listed
+                # it before this commit's manifest exists could delete it from under the commit.
+                os.utime(path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -260,10 +264,8 @@ class FsspecStorage:
         return int(self.fs.size(path))
 
     def write_immutable(self, path: str, data: Any) -> None:
-        if self.fs.exists(path):
-            with contextlib.suppress(FileNotFoundError):
-                if self.read(path, len(memoryview(data).cast("B"))) == bytes(data):
-                    return
+        # Always (re)written, even when an equal file exists: that also restarts an old orphan's
+        # GC grace period, as on local disk.
         self.fs.pipe_file(path, bytes(data))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
