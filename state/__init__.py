@@ -11,13 +11,17 @@ from .errors import (
     DivergentStateError,
     ModelMismatchError,
     NonFiniteStateError,
+    SupersededError,
     UnsupportedFormatVersionError,
 )
+from .manifest import DIGEST_BYTES, MAX_DIGESTS, History, OutputSpan
 from .sequence_state import SequenceState
-from .store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome
+from .store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome, Head
 
 __all__ = [
+    "DIGEST_BYTES",
     "FORMAT_VERSION",
+    "MAX_DIGESTS",
     "READER_VERSION",
     "CheckpointError",
     "CheckpointProblem",
@@ -26,9 +30,13 @@ __all__ = [
     "CommitOutcome",
     "CorruptCheckpointError",
     "DivergentStateError",
+    "Head",
+    "History",
     "ModelMismatchError",
     "NonFiniteStateError",
+    "OutputSpan",
     "SequenceState",
+    "SupersededError",
     "UnsupportedFormatVersionError",
     "decode_state",
     "encode_state",

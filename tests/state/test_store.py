@@ -298,7 +298,7 @@ def test_checks_run_in_the_documented_order(tmp_path):
     data = encode_state(st0)
     # newer format AND a wrong size: the version is reported
     _, dpath = write_raw_commit(
-        str(tmp_path), st0.seq_id, st0.position, data, format_version=2, min_reader_version=2
+        str(tmp_path), st0.seq_id, st0.position, data, format_version=3, min_reader_version=3
     )
     truncate(dpath, 10)
     with pytest.raises(UnsupportedFormatVersionError):
