@@ -248,7 +248,9 @@ def _parse_history(obj: dict[str, Any], m: Manifest, bad: Any) -> History:
     if not isinstance(h, dict):
         msg = f"field 'history': expected an object, received {h!r:.80}"
         raise bad(msg)
-    commit, parent, final = h.get("commit"), h.get("parent_position"), h.get("final_chunk")
+    commit: Any = h.get("commit")
+    parent: Any = h.get("parent_position")
+    final: Any = h.get("final_chunk")
     if not _int_in(commit, 1, _I63) or not _int_in(parent, 0, _I63) or parent >= max(m.position, 1):
         msg = f"field 'history': commit {commit!r:.30} / parent position {parent!r:.30} invalid"
         raise bad(msg)

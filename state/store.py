@@ -282,6 +282,7 @@ class CheckpointStore:
         if existing is None:
             self._ensure_dir(seq_dir)
             if self._fs.commit_files(buf, mpath, prepare):
+                self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
                 self._count(CommitOutcome.COMMITTED, st)
                 self._schedule_prune(seq_dir)
                 return CommitOutcome.COMMITTED
@@ -298,6 +299,25 @@ class CheckpointStore:
                 self._fs.remove(dpath)  # our data file lost the race (no-op if never written)
         self._count(outcome, st)
         return outcome
+
+    def _refuse_if_stray(
+        self, seq_dir: str, st: SequenceState, history: History, mpath: str, ours: Manifest
+    ) -> None:
+        """A commit number can be free again after retention removed it; creating it then
+        forks a history that has moved on.  Retention only removes commit n once commit
+        n + keep exists, so a newer number in the folder right after the create tells."""
+        names = self._fs.list_dir(seq_dir)
+        newest = max((n for n in map(parse_commit_name, names) if n is not None), default=0)
+        if newest <= history.commit:
+            return
+        self._fs.remove(mpath)
+        self._fs.remove(f"{seq_dir}/{ours.data_file}")
+        msg = (
+            f"sequence {st.seq_id!r}: this writer continued commit {history.commit - 1} "
+            f"(position {history.parent_position}), but the history has moved on to commit "
+            f"{newest}: another job advanced this sequence (one writer per sequence history)"
+        )
+        raise SupersededError(msg, path=mpath)
 
     def _auto_history(self, seq_dir: str, st: SequenceState) -> History:
         """The history of a commit made without one (see ``commit``)."""
@@ -764,14 +784,14 @@ class CheckpointStore:
             referenced: set[str] = set()
             unreadable: set[int] = set()
             any_unreadable_chain = False
-            for path, n, pos in self._commit_files(seq_dir, names):
+            for path, number, at in self._commit_files(seq_dir, names):
                 try:
-                    referenced.add(self._parse_commit(path, n, pos).data_file)
+                    referenced.add(self._parse_commit(path, number, at).data_file)
                 except (CheckpointError, FileNotFoundError):
                     # Keep the data files it may name: its position's (format 1), or all of
                     # them (an unreadable format-2 commit does not say its position).
-                    if pos is not None:
-                        unreadable.add(pos)
+                    if at is not None:
+                        unreadable.add(at)
                     else:
                         any_unreadable_chain = True
             for n in names:
