@@ -1,7 +1,8 @@
 """The stateful stage shared by every transform: order chunks, carry the state, checkpoint it.
 
 Per sequence id (the key) Beam holds:
-  * `state`   — the SequenceState in its Arrow form (read-modify-write, explicit bytes coder);
+  * `state`   — the SequenceState's working copy (state/compact.py: rewritten after every
+    chunk, so not the Arrow checkpoint codec; read-modify-write, explicit bytes coder);
   * `meta`    — a few integers (ordering.Meta): final chunk, last commit (number, chunk,
     position), buffered count, flags (evicted to the store, seen, fenced), the idle timer;
   * `digests` — content digests of the newest applied chunks (ordering.DigestWindow);
@@ -32,7 +33,7 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, Duration, Timestamp
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 from linstream.state import (
     CheckpointError,
     CheckpointStore,
@@ -40,8 +41,8 @@ from linstream.state import (
     DivergentStateError,
     History,
     SequenceState,
-    decode_state,
-    encode_state,
+    pack_state,
+    unpack_state,
 )
 
 from .apply import Applied, Applier, Counters, Progress, is_int
@@ -180,7 +181,7 @@ class SequenceDoFn(beam.DoFn):
             fallback=self.restore_fallback,
             expected_shape=self.step.state_shape(data),
         )
-        if head is not None and meta.evicted and head.history.commit != meta.commit_no:
+        if head is not None and meta.evicted and head.newest_commit != meta.commit_no:
             msg = (
                 f"sequence {seq_id!r} was evicted after its commit {meta.commit_no}, but the "
                 f"newest commit in {self.checkpoint_dir!r} is {head.history.commit}: another job "
@@ -201,7 +202,9 @@ class SequenceDoFn(beam.DoFn):
                 if skipped is not None and skipped.history and skipped.history.outputs:
                     self._spans.remove_published(skipped.history.outputs)
         st = head.state
-        meta.commit_no, meta.committed_next = head.history.commit, st.next_chunk
+        # After a fallback the next commit goes above the unreadable ones (newest_commit).
+        meta.commit_no = max(head.history.commit, head.newest_commit)
+        meta.committed_next = st.next_chunk
         meta.committed_position = st.position
         meta.final_index = head.history.final_chunk
         cells.digests.write(head.history.digests)
@@ -281,8 +284,10 @@ class SequenceDoFn(beam.DoFn):
         target = ts + Duration.of(self.idle_timeout) if ts < MAX_TIMESTAMP else MAX_TIMESTAMP
         target = min(target, MAX_TIMESTAMP)
         if target.micros > meta.timer_micros:
+            # Only when the target moves: a batch job's elements all carry one timestamp, and
+            # setting the same timer again per element costs the runner per element.
             meta.timer_micros = target.micros
-        timer.set(Timestamp(micros=meta.timer_micros))
+            timer.set(Timestamp(micros=meta.timer_micros))
 
     # -- elements ---------------------------------------------------------------------------
     def process(
@@ -326,11 +331,11 @@ class SequenceDoFn(beam.DoFn):
         st: SequenceState | None
         try:
             if raw is not None:
-                st = decode_state(raw, expected_fingerprint=self.step.fingerprint)
+                st = unpack_state(raw, expected_fingerprint=self.step.fingerprint)
             elif self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
                 st = self._restore(seq_id, data, meta, cells)
                 if st is not None:
-                    state.write(encode_state(st))  # restore once per return of the sequence
+                    state.write(pack_state(st))  # restore once per return of the sequence
             else:
                 st = None
         except CheckpointError as ex:
@@ -471,7 +476,7 @@ class SequenceDoFn(beam.DoFn):
             meta.n_buffered = len(index)
             cells.save_index()
         if changed and st is not None:
-            cells.state.write(encode_state(st))
+            cells.state.write(pack_state(st))
         cells.save_window()
 
     def _next_batch(
@@ -519,7 +524,7 @@ class SequenceDoFn(beam.DoFn):
         meta = Meta(meta_state.read())
         cells = _Cells(state, digests, bufidx, buffer, outbuf, meta)
         raw = state.read()
-        st = None if raw is None else decode_state(raw, expected_fingerprint=self.step.fingerprint)
+        st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
         next_chunk = 0 if st is None else st.next_chunk
         if len(cells.index):
             for i in cells.index.rows["index"]:
@@ -542,6 +547,7 @@ class SequenceDoFn(beam.DoFn):
             outbuf.clear()
             meta.evicted = not meta.fenced
             self.m.evictions.inc()
+        meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
         meta_state.write(meta.pack())
 
 

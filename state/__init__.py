@@ -5,6 +5,7 @@ No Beam here: the pipeline keeps ``encode_state`` bytes in Beam state and commit
 """
 
 from .codec import FORMAT_VERSION, READER_VERSION, decode_state, encode_state
+from .compact import pack_state, unpack_state
 from .errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -40,4 +41,6 @@ __all__ = [
     "UnsupportedFormatVersionError",
     "decode_state",
     "encode_state",
+    "pack_state",
+    "unpack_state",
 ]

@@ -107,12 +107,15 @@ _NO_HISTORY = History(commit=0, parent_position=0, final_chunk=-1, digests=b"")
 @dataclass(frozen=True)
 class Head:
     """The newest readable commit of a sequence: its state and history, and what was newer but
-    could not be read (commits skipped by a fallback, as (path, manifest or None))."""
+    could not be read (commits skipped by a fallback, as (path, manifest or None)).
+    ``newest_commit`` is the highest commit number in the folder: a writer continuing this head
+    creates the number after it (so a fallback never collides with the unreadable commits)."""
 
     state: SequenceState
     history: History
     manifest_path: str
     skipped: tuple[tuple[str, Manifest | None], ...] = ()
+    newest_commit: int = 0
 
 
 @dataclass(frozen=True)
@@ -530,7 +533,9 @@ class CheckpointStore:
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
         skipped: list[tuple[str, Manifest | None]] = []
-        for path, n, pos in self._commit_files(seq_dir):
+        files = self._commit_files(seq_dir)
+        newest = max((n for _, n, _ in files if n is not None), default=0)
+        for path, n, pos in files:
             try:
                 st, m = self._load_file(path, n, pos, seq_id, fingerprint)
                 if expected_shape is not None and st.state_shape != tuple(expected_shape):
@@ -556,7 +561,7 @@ class CheckpointStore:
                 except (CheckpointError, FileNotFoundError):
                     skipped.append((path, None))
                 continue
-            return Head(st, m.history or _NO_HISTORY, path, tuple(skipped))
+            return Head(st, m.history or _NO_HISTORY, path, tuple(skipped), newest)
         if first_error is not None:
             raise first_error
         return None
@@ -583,7 +588,7 @@ class CheckpointStore:
         """Commit number ``commit`` of ``seq_id``'s chain, with every restore check."""
         path = self._cpath(self._seq_dir(seq_id), commit)
         st, m = self._load_file(path, commit, None, seq_id, fingerprint)
-        return Head(st, m.history or _NO_HISTORY, path)
+        return Head(st, m.history or _NO_HISTORY, path, (), commit)
 
     def _load(
         self, seq_dir: str, position: int, seq_id: str | None, fingerprint: str | None
