@@ -10,6 +10,7 @@ with ``mean``/``last`` the blocks are reduced as they go.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -105,6 +106,11 @@ def _all_finite(out: Any, layers: Any) -> bool:
     )
 
 
+#: Diagnostic: when set, every applied chunk appends "seq_id<TAB>chunk_index" to this file (the
+#: crash harness counts the chunks a stopped job had applied but not committed).
+TRACE_ENV = "LINSTREAM_TRACE_APPLIED"
+
+
 class Applier:
     """Runs a step over one chunk (see the module docstring)."""
 
@@ -120,6 +126,10 @@ class Applier:
     ) -> None:
         self.step, self.m, self.progress = step, counters, progress
         self.emit, self.max_tokens, self.block = emit, max_chunk_tokens, block_tokens
+        trace = os.environ.get(TRACE_ENV)
+        self._trace = (
+            os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if trace else None
+        )
 
     def apply(
         self, seq_id: str, idx: int, data: Any, st: SequenceState | None
@@ -182,4 +192,6 @@ class Applier:
         self.m.chunks.inc()
         self.m.tokens.inc(n)
         self.progress.add(n)
+        if self._trace is not None:
+            os.write(self._trace, f"{seq_id}\t{idx}\n".encode())
         return Applied(new, ChunkResult(seq_id, idx, st.position, emitted))

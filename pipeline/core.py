@@ -499,7 +499,9 @@ class SequenceDoFn(beam.DoFn):
             c = got.get(i)
             if c is None:
                 break
-            batch.append((i, c.data, c.final, index.find(i) or b""))
+            digest = index.find(i)
+            assert digest is not None  # the run was read from the index
+            batch.append((i, c.data, c.final, digest))
         index.drop_below(st.next_chunk + len(batch))
         return batch
 

@@ -70,7 +70,8 @@ class Meta:
         )
 
 
-_ROW = np.dtype([("index", "<i8"), ("digest", f"S{DIGEST_BYTES}")])
+# The digest as raw bytes (a fixed-width "S" field would drop trailing NUL bytes).
+_ROW = np.dtype([("index", "<i8"), ("digest", "u1", (DIGEST_BYTES,))])
 
 
 class BufferIndex:
@@ -91,12 +92,15 @@ class BufferIndex:
         """The digest of buffered chunk ``index``, or None."""
         i = int(np.searchsorted(self.rows["index"], index))
         if i < len(self.rows) and int(self.rows["index"][i]) == index:
-            return bytes(self.rows["digest"][i])
+            return self.rows["digest"][i].tobytes()
         return None
 
     def add(self, index: int, digest: bytes) -> None:
         i = int(np.searchsorted(self.rows["index"], index))
-        self.rows = np.insert(self.rows, i, np.array([(index, digest)], _ROW))
+        row = np.zeros(1, _ROW)
+        row["index"] = index
+        row["digest"] = np.frombuffer(digest, np.uint8)
+        self.rows = np.insert(self.rows, i, row)
 
     def run_from(self, start: int) -> int:
         """How many chunks ``start, start + 1, ...`` are buffered without a hole."""
@@ -127,6 +131,9 @@ class DigestWindow:
         return len(self.data) // DIGEST_BYTES
 
     def push(self, digest: bytes) -> None:
+        if len(digest) != DIGEST_BYTES:
+            msg = f"a chunk digest has {DIGEST_BYTES} bytes, got {len(digest)}"
+            raise ValueError(msg)
         self.data = (self.data + digest)[-MAX_DIGESTS * DIGEST_BYTES :]
 
     def get(self, index: int, next_chunk: int) -> bytes | None:

@@ -23,8 +23,8 @@ __all__ = ["pack_state", "unpack_state"]
 _MAGIC = b"LSW1"
 # magic, dtype code, L, H, F, d_v, position, next_chunk, len(seq_id), len(fingerprint)
 _HEAD = struct.Struct("<4sBIIIIqqII")
-_DTYPES = {0: np.dtype("<f8"), 1: np.dtype("<f4")}
-_CODES = {np.dtype("<f8"): 0, np.dtype("<f4"): 1}
+_DTYPES: dict[int, np.dtype] = {0: np.dtype("<f8"), 1: np.dtype("<f4")}
+_CODES: dict[np.dtype, int] = {np.dtype("<f8"): 0, np.dtype("<f4"): 1}
 
 
 def pack_state(st: SequenceState) -> bytes:

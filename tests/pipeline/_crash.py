@@ -98,6 +98,28 @@ class Stop:
     signal: int
     after_s: float
     returncode: int | None = None
+    #: per sequence: chunks the stopped job had applied past its last commit (recomputed later)
+    recomputed: dict[str, int] = field(default_factory=dict)
+
+
+def recomputed_after(trace: str, ckpt: str) -> dict[str, int]:
+    """Chunks applied (per the trace) at or past each sequence's newest commit."""
+    from linstream.state import CheckpointStore
+
+    applied: dict[str, set[int]] = {}
+    if os.path.exists(trace):
+        with open(trace) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) == 2 and parts[1].isdigit():
+                    applied.setdefault(parts[0], set()).add(int(parts[1]))
+    store = CheckpointStore(ckpt)
+    out = {}
+    for seq, idxs in applied.items():
+        head = store.head(seq, fingerprint=None, fallback=True)
+        done = 0 if head is None else head.state.next_chunk
+        out[seq] = sum(1 for i in idxs if i >= done)
+    return out
 
 
 def _has_results(out: str) -> bool:
@@ -120,11 +142,13 @@ def first_output_time(cmd: list[str], out: str) -> tuple[float, float]:
     return (total if first is None else first), total
 
 
-def run_until(cmd: list[str], out: str, stop: Stop, log: str) -> Stop:
+def run_until(
+    cmd: list[str], out: str, stop: Stop, log: str, env: dict[str, str] | None = None
+) -> Stop:
     """Start ``cmd``; once it has published its first output (so the job is past start-up and
     committing), send ``stop.signal`` after ``stop.after_s`` more seconds (unless it ended)."""
     with open(log, "ab") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=f, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=f, start_new_session=True, env=env)
         start_by = time.monotonic() + 60
         while time.monotonic() < start_by and proc.poll() is None and not _has_results(out):
             time.sleep(0.01)
@@ -166,7 +190,11 @@ def crash_and_resume(
         after = float(rng.uniform(0.0, 1.0) * duration_s)
         resume = ("--resume",) if k else ()
         cmd = embed_cmd(model, inp, out, ckpt, *resume, *extra)
-        stops.append(run_until(cmd, out, Stop(sig, after), log))
+        trace = os.path.join(workdir, f"applied-{k}.tsv")
+        env = {**os.environ, "LINSTREAM_TRACE_APPLIED": trace}
+        stop = run_until(cmd, out, Stop(sig, after), log, env)
+        stop.recomputed = recomputed_after(trace, ckpt)
+        stops.append(stop)
     out = os.path.join(workdir, "out-final")
     outputs.append(out)
     done = subprocess.run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import numpy as np
 import pytest
 from _crash import crash_and_resume, embed_cmd, first_output_time, judge, result_rows
 from linstream.pipeline.io import write_chunk_file
@@ -45,6 +46,10 @@ def test_random_stops_then_resume_write_every_chunk_once(seed, tmp_path, tiny_mo
     )
     print(f"stops {[(s.signal, round(s.after_s, 2), s.returncode) for s in stops]}: {verdict}")
     assert verdict.ok, str(verdict)
+    # What a stop costs: per sequence, at most the chunks since its last commit are recomputed.
+    worst = max((n for s in stops for n in s.recomputed.values()), default=0)
+    print(f"chunks recomputed per sequence after a stop: worst {worst} (checkpoint every 4)")
+    assert worst <= 4
 
 
 def test_concurrent_resumes_never_write_a_chunk_twice(tmp_path, tiny_model_path):
@@ -73,3 +78,50 @@ def test_concurrent_resumes_never_write_a_chunk_twice(tmp_path, tiny_model_path)
     verdict = judge(ref, [*outs, final])
     assert verdict.ok, f"{verdict}\n{logs[0][-1500:]}\n{logs[1][-1500:]}"
     assert all(os.path.isdir(os.path.join(o, "results")) for o in outs)
+
+
+SHAPES = {
+    # name: (sequences, tokens per sequence, chunk size, checkpoint every, extra options)
+    "many-sequences": (24, 12 * 16, 16, 3, ()),
+    "long-shuffled": (2, 200 * 8, 8, 8, ()),
+    "multi-processing": (
+        8,
+        30 * 16,
+        16,
+        4,
+        ("--direct_num_workers=2", "--direct_running_mode=multi_processing"),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_long_crash_harness(shape, tmp_path, tiny_model_path):
+    """`make slow`: at least 50 stops in all (SIGKILL and SIGINT at random moments)."""
+    sequences, tokens, size, every, options = SHAPES[shape]
+    seed = 1000 + sorted(SHAPES).index(shape)
+    print(f"crash harness {shape}, seed {seed}")
+    extra = ("--checkpoint-every", str(every), *options)
+    inp, n_chunks = _dataset(tmp_path, sequences, tokens, size, seed)
+    ref, duration = _reference(tmp_path, tiny_model_path, inp, *extra)
+    assert len(result_rows(ref)) == n_chunks
+    kills = int(os.environ.get("LINSTREAM_CRASH_KILLS", "17"))
+    verdict, stops = crash_and_resume(
+        seed,
+        tiny_model_path,
+        inp,
+        str(tmp_path),
+        ref,
+        kills=kills,
+        duration_s=duration,
+        extra=extra,
+    )
+    recomputed = [n for s in stops for n in s.recomputed.values()]
+    killed = sum(s.returncode not in (0, None) for s in stops)
+    print(
+        f"RESULT {shape}: {len(stops)} stops ({killed} while running), {n_chunks} chunks: "
+        f"{verdict}; recomputed per sequence after a stop: worst {max(recomputed, default=0)}, "
+        f"mean {np.mean(recomputed) if recomputed else 0:.2f} (checkpoint every {every})"
+    )
+    assert verdict.ok, str(verdict)
+    assert max(recomputed, default=0) <= every

@@ -134,3 +134,15 @@ def test_falling_back_past_a_corrupt_commit_rewrites_its_outputs_once(
     # The rolled-back span was recomputed into the new job's folder, and its old file removed.
     assert {k[0] for k, _, _ in result_rows(out2)} == {"seq-0000"}
     assert os.path.isdir(os.path.join(out2, "results"))
+
+
+def test_buffer_index_keeps_digests_whole():
+    from linstream.pipeline.ordering import BufferIndex
+
+    index = BufferIndex(None)
+    digests = {i: bytes([i] * 15 + [0]) for i in (5, 3, 9)}  # trailing NUL bytes
+    for i, d in digests.items():
+        index.add(i, d)
+    again = BufferIndex(index.pack())
+    assert [again.find(i) for i in (3, 5, 9)] == [digests[3], digests[5], digests[9]]
+    assert again.find(4) is None and again.run_from(3) == 1
