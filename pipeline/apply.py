@@ -168,7 +168,7 @@ class Applier:
                     )
                 if self.emit == "tokens":
                     parts.append(out)
-                elif self.emit == "mean":
+                elif self.emit in ("mean", "sequence"):
                     s = out.sum(axis=0, dtype=np.float64)
                     total = s if total is None else total + s
                 else:
@@ -182,6 +182,9 @@ class Applier:
         if self.emit == "mean":
             assert total is not None
             emitted = np.asarray(total / n, dtype=dtype)
+        elif self.emit == "sequence":  # the chunk's float64 sum: the stage keeps the running sum
+            assert total is not None
+            emitted = total
         elif self.emit == "last":
             emitted = np.ascontiguousarray(parts[0][0])
         else:

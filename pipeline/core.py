@@ -8,7 +8,8 @@ Per sequence id (the key) Beam holds:
   * `digests` — content digests of the newest applied chunks (ordering.DigestWindow);
   * `bufidx`  — numbers and digests of the chunks waiting in `buffer` (ordering.BufferIndex);
   * `buffer`  — chunks that arrived before their predecessors (bag; read only to drain);
-  * `outbuf`  — results since the last commit, when the commits write the outputs (bag).
+  * `outbuf`  — results since the last commit, when the commits write the outputs (bag);
+  * `outsum`  — with emit="sequence": the float64 sum of the per-token outputs so far.
 Chunk i is applied only after 0..i-1.  Every `checkpoint_every` chunks and at the final chunk the
 state is committed to the CheckpointStore as the next commit of the sequence's chain, together
 with the output span of the chunks it covers (spans.py) when `output_dir` is set.  An event-time
@@ -46,7 +47,7 @@ from linstream.state import (
 )
 
 from .apply import Applied, Applier, Counters, Progress, is_int
-from .elements import Chunk, ChunkCoder, ChunkResultCoder, DeadLetter
+from .elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder, DeadLetter
 from .ordering import BufferIndex, DigestWindow, Meta, chunk_digest
 from .spans import SpanWriter
 from .steps import BadInput, ChunkStep
@@ -54,7 +55,9 @@ from .steps import BadInput, ChunkStep
 __all__ = ["DEAD_LETTERS", "EMIT_MODES", "NAMESPACE", "SequenceDoFn"]
 
 DEAD_LETTERS = "dead_letters"
-EMIT_MODES = ("tokens", "mean", "last")
+#: tokens: one vector per token; mean / last: one per chunk; sequence: one per finished sequence
+#: (the mean over all its tokens, from a running sum carried with the state).
+EMIT_MODES = ("tokens", "mean", "last", "sequence")
 NAMESPACE = "linstream"
 #: Chunks read from the bag into memory at once while draining (payload bytes bound it too).
 DRAIN_BYTES = 64 << 20
@@ -71,6 +74,7 @@ class SequenceDoFn(beam.DoFn):
     BUFIDX = ReadModifyWriteStateSpec("bufidx", BytesCoder())
     BUFFER = BagStateSpec("buffer", ChunkCoder())
     OUTBUF = BagStateSpec("outbuf", ChunkResultCoder())
+    OUTSUM = ReadModifyWriteStateSpec("outsum", BytesCoder())
     IDLE = TimerSpec("idle", TimeDomain.WATERMARK)
 
     def __init__(
@@ -198,6 +202,7 @@ class SequenceDoFn(beam.DoFn):
             return None
         self._finalize_outputs(head.history)
         if self._spans is not None:
+            self._spans.remove_orphans(seq_id)
             for _path, skipped in head.skipped:  # rolled back: their chunks are applied again
                 if skipped is not None and skipped.history and skipped.history.outputs:
                     self._spans.remove_published(skipped.history.outputs)
@@ -208,6 +213,8 @@ class SequenceDoFn(beam.DoFn):
         meta.committed_position = st.position
         meta.final_index = head.history.final_chunk
         cells.digests.write(head.history.digests)
+        if head.history.output_sum:
+            cells.outsum.write(head.history.output_sum)
         self.m.restores.inc()
         return st
 
@@ -242,6 +249,7 @@ class SequenceDoFn(beam.DoFn):
             meta.final_index if 0 <= meta.final_index < st.next_chunk else -1,
             cells.window.data,
             span,
+            (cells.outsum.read() or b"") if self.emit == "sequence" else b"",
         )
         try:
             outcome = self._store.commit(st, history)
@@ -300,6 +308,7 @@ class SequenceDoFn(beam.DoFn):
         bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
+        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
         idle: Any = beam.DoFn.TimerParam(IDLE),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id, chunk = element
@@ -321,7 +330,7 @@ class SequenceDoFn(beam.DoFn):
 
         # 2. Where the sequence stands.
         meta = Meta(meta_state.read())
-        cells = _Cells(state, digests, bufidx, buffer, outbuf, meta)
+        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
         if meta.fenced:
             yield self._dead(
                 seq_id, idx, "fenced", "another job advanced this sequence; this job stopped it"
@@ -444,10 +453,12 @@ class SequenceDoFn(beam.DoFn):
                     yield self._dead(seq_id, cidx, done.reason, done.message)
                     ready = []
                     break
-                if self._spans is not None:
-                    cells.outbuf.add(done.result)
-                yield done.result
                 st, changed = done.state, True
+                result = self._emitted(done.result, st, cfinal, cells)
+                if result is not None:
+                    if self._spans is not None:
+                        cells.outbuf.add(result)
+                    yield result
                 cells.window.push(cdigest)
                 if cfinal:
                     meta.final_index = cidx
@@ -478,6 +489,24 @@ class SequenceDoFn(beam.DoFn):
         if changed and st is not None:
             cells.state.write(pack_state(st))
         cells.save_window()
+
+    def _emitted(
+        self, result: ChunkResult, st: SequenceState, final: bool, cells: _Cells
+    ) -> ChunkResult | None:
+        """The chunk's result, or with emit="sequence" the running sum (and at the final chunk
+        the sequence's mean over all its tokens, as its one result)."""
+        if self.emit != "sequence":
+            return result
+        raw = cells.outsum.read()
+        total = (
+            result.output
+            if raw is None
+            else np.frombuffer(raw, "<f8").reshape(result.output.shape) + result.output
+        )
+        cells.outsum.write(np.ascontiguousarray(total, "<f8").tobytes())
+        if not final:
+            return None
+        return ChunkResult(st.seq_id, result.index, 0, (total / st.position).astype(np.float32))
 
     def _next_batch(
         self, st: SequenceState, index: BufferIndex, cells: _Cells
@@ -521,10 +550,11 @@ class SequenceDoFn(beam.DoFn):
         bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
+        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id = str(key)
         meta = Meta(meta_state.read())
-        cells = _Cells(state, digests, bufidx, buffer, outbuf, meta)
+        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
         raw = state.read()
         st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
         next_chunk = 0 if st is None else st.next_chunk
@@ -547,6 +577,7 @@ class SequenceDoFn(beam.DoFn):
             state.clear()
             digests.clear()
             outbuf.clear()
+            outsum.clear()
             meta.evicted = not meta.fenced
             self.m.evictions.inc()
         meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
@@ -557,10 +588,17 @@ class _Cells:
     """A key's state cells, with the small ones decoded once per element."""
 
     def __init__(
-        self, state: Any, digests: Any, bufidx: Any, buffer: Any, outbuf: Any, meta: Meta
+        self,
+        state: Any,
+        digests: Any,
+        bufidx: Any,
+        buffer: Any,
+        outbuf: Any,
+        outsum: Any,
+        meta: Meta,
     ) -> None:
         self.state, self.digests, self.bufidx = state, digests, bufidx
-        self.buffer, self.outbuf, self.meta = buffer, outbuf, meta
+        self.buffer, self.outbuf, self.outsum, self.meta = buffer, outbuf, outsum, meta
         self._window: DigestWindow | None = None
         self._index: BufferIndex | None = None
 

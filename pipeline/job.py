@@ -43,7 +43,14 @@ def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue sequences from --checkpoint-dir"
     )
-    parser.add_argument("--emit", choices=EMIT_MODES, default="tokens")
+    parser.add_argument(
+        "--emit",
+        choices=EMIT_MODES,
+        default="mean",
+        help="what to write: one vector per chunk (mean or last of its tokens), one per "
+        "finished sequence (the mean over all its tokens), or one per token (large: d_model "
+        "floats per token)",
+    )
     parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "numba", "cupy"))
     parser.add_argument("--checkpoint-every", type=int, default=16, metavar="N")
     parser.add_argument(
@@ -109,7 +116,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
     checkpoint_dir, resume, emit, backend, checkpoint_every, max_buffered_chunks, ...
     With `streaming`, chunks come from `linstream.pipeline.streaming_sources.read_stream_chunks`.
     """
-    emit = _get(args, "emit", "tokens")
+    emit = _get(args, "emit", "mean")
     progress = _get(args, "progress_every", 10.0)
     output = _get(args, "output")
     # With a checkpoint store the stage writes each span of results as part of the commit that

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -132,6 +133,24 @@ class SpanWriter:
             fs.fs.copy(pending, final)
         fs.remove(pending)
         return True
+
+    def remove_orphans(self, seq_id: str, *, older_than_s: float = 600.0) -> int:
+        """Remove the sequence's hidden pending files older than ``older_than_s`` seconds (left
+        by a job stopped before its commit: no commit names them, or their commit published
+        them).  Younger ones may belong to a commit in flight and stay."""
+        folder = self._fs.join(encode_seq_dir(seq_id))
+        now = time.time()
+        removed = 0
+        for name in self._fs.list_dir(folder):
+            if not name.startswith(_PENDING):
+                continue
+            mtime = self._fs.mtime(f"{folder}/{name}")
+            if mtime is not None and now - mtime >= older_than_s:
+                self._fs.remove(f"{folder}/{name}")
+                removed += 1
+        if removed:
+            _log.info("removed %d unfinished output files of sequence %r", removed, seq_id)
+        return removed
 
     def discard(self, span: OutputSpan) -> None:
         """A commit that did not happen: its pending file goes."""

@@ -50,6 +50,7 @@ _MAX_DATA_BYTES = 1 << 40
 DIGEST_BYTES = 16
 MAX_DIGESTS = 1024
 _MAX_URL = 4096
+_MAX_SUM_BYTES = 8 * 4096
 _I63 = 2**63
 
 
@@ -77,6 +78,8 @@ class History:
     final_chunk: int  # -1: the final chunk has not been applied
     digests: bytes  # DIGEST_BYTES per chunk, for chunks next_chunk - n .. next_chunk - 1
     outputs: OutputSpan | None = None
+    #: float64 sum of the per-token outputs so far (``emit="sequence"``), little-endian bytes
+    output_sum: bytes = b""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class History:
             "final_chunk": self.final_chunk,
             "digests": base64.b64encode(self.digests).decode("ascii"),
             "outputs": None if self.outputs is None else asdict(self.outputs),
+            "output_sum": base64.b64encode(self.output_sum).decode("ascii"),
         }
 
 
@@ -269,7 +273,15 @@ def _parse_history(obj: dict[str, Any], m: Manifest, bad: Any) -> History:
     ):
         msg = "field 'history': digests are not a whole number of chunk digests"
         raise bad(msg)
-    return History(commit, parent, final, digests, _parse_span(h.get("outputs"), m, bad))
+    raw_sum = h.get("output_sum", "")
+    try:
+        total = base64.b64decode(raw_sum, validate=True) if isinstance(raw_sum, str) else None
+    except (binascii.Error, ValueError):
+        total = None
+    if total is None or len(total) % 8 or len(total) > _MAX_SUM_BYTES:
+        msg = "field 'history': output_sum is not a float64 vector"
+        raise bad(msg)
+    return History(commit, parent, final, digests, _parse_span(h.get("outputs"), m, bad), total)
 
 
 def _parse_span(o: Any, m: Manifest, bad: Any) -> OutputSpan | None:

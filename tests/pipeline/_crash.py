@@ -187,7 +187,9 @@ def crash_and_resume(
         out = os.path.join(workdir, f"out-{k}")
         outputs.append(out)
         sig = signal.SIGKILL if rng.random() < 0.5 else signal.SIGINT
-        after = float(rng.uniform(0.0, 1.0) * duration_s)
+        # Early stops are likelier (each job resumes with less left to do): a stop lands while
+        # the job still works, anywhere from its first commit on.
+        after = float(min(rng.exponential(duration_s / 4), duration_s))
         resume = ("--resume",) if k else ()
         cmd = embed_cmd(model, inp, out, ckpt, *resume, *extra)
         trace = os.path.join(workdir, f"applied-{k}.tsv")

@@ -56,10 +56,11 @@ class _Key:
         )
         self.fn.setup()
         self.state, self.meta, self.digests, self.bufidx = _Cell(), _Cell(), _Cell(), _Cell()
-        self.buffer, self.outbuf, self.timer = _Bag(), _Bag(), _Timer()
+        self.buffer, self.outbuf, self.outsum, self.timer = _Bag(), _Bag(), _Cell(), _Timer()
 
     def _cells(self) -> tuple:
-        return (self.state, self.meta, self.digests, self.bufidx, self.buffer, self.outbuf)
+        cells = (self.state, self.meta, self.digests, self.bufidx, self.buffer, self.outbuf)
+        return (*cells, self.outsum)
 
     def send(self, index: int, data: dict) -> list:
         element = ("s", Chunk("s", index, data))

@@ -146,3 +146,32 @@ def test_buffer_index_keeps_digests_whole():
     again = BufferIndex(index.pack())
     assert [again.find(i) for i in (3, 5, 9)] == [digests[3], digests[5], digests[9]]
     assert again.find(4) is None and again.run_from(3) == 1
+
+
+def test_emit_sequence_is_the_mean_over_all_tokens_across_a_resume(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    chunks = _sequence(SEED + 5, 7) + _sequence(SEED + 6, 3, seq="u")
+    per_token = run_transform(chunks, _attn(emit="tokens"), tmp_path)
+    expected = {
+        seq: np.concatenate([r.output for r in per_token.results if r.seq_id == seq]).mean(
+            axis=0, dtype=np.float64
+        )
+        for seq in ("s", "u")
+    }
+    first = [c for c in chunks if c.index < (4 if c.seq_id == "s" else 2)]
+    part = run_transform(
+        first, _attn(emit="sequence", checkpoint_dir=ckpt, checkpoint_every=2), tmp_path
+    )
+    assert part.results == []  # no sequence finished yet
+    rest = run_transform(
+        chunks,
+        _attn(emit="sequence", checkpoint_dir=ckpt, checkpoint_every=2, resume=True),
+        tmp_path,
+    )
+    assert [(r.seq_id, r.index, r.start_position) for r in rest.results] == [
+        ("s", 6, 0),
+        ("u", 2, 0),
+    ]
+    for r in rest.results:
+        # float32 outputs summed in float64: the mean agrees to float32 rounding of the outputs
+        np.testing.assert_allclose(r.output, expected[r.seq_id], rtol=1e-6, atol=1e-7)
