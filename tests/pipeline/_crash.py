@@ -96,6 +96,7 @@ def judge(reference_out: str, outputs: list[str]) -> Verdict:
 @dataclass
 class Stop:
     signal: int
+    after_files: int
     after_s: float
     returncode: int | None = None
     #: per sequence: chunks the stopped job had applied past its last commit (recomputed later)
@@ -122,39 +123,42 @@ def recomputed_after(trace: str, ckpt: str) -> dict[str, int]:
     return out
 
 
-def _has_results(out: str) -> bool:
-    return any(files for _folder, _dirs, files in os.walk(os.path.join(out, "results")))
+def _published(out: str) -> int:
+    """How many result files ``out`` holds (hidden pending files not counted)."""
+    n = 0
+    for _folder, dirs, files in os.walk(os.path.join(out, "results")):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        n += sum(not f.startswith((".", "_")) for f in files)
+    return n
 
 
-def first_output_time(cmd: list[str], out: str) -> tuple[float, float]:
-    """Run ``cmd`` to the end: (seconds until its first output file, seconds in all)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = None
-    while proc.poll() is None:
-        if first is None and _has_results(out):
-            first = time.monotonic() - t0
-        time.sleep(0.01)
-    total = time.monotonic() - t0
-    if proc.returncode != 0:
-        msg = f"{cmd} failed with exit code {proc.returncode}"
+def reference_files(cmd: list[str], out: str) -> int:
+    """Run ``cmd`` to the end; the number of result files it published."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        msg = f"{cmd} failed with exit code {done.returncode}: {done.stderr[-2000:]}"
         raise AssertionError(msg)
-    return (total if first is None else first), total
+    return _published(out)
 
 
 def run_until(
     cmd: list[str], out: str, stop: Stop, log: str, env: dict[str, str] | None = None
 ) -> Stop:
-    """Start ``cmd``; once it has published its first output (so the job is past start-up and
-    committing), send ``stop.signal`` after ``stop.after_s`` more seconds (unless it ended)."""
+    """Start ``cmd``; once it has published ``stop.after_files`` result files (so it is in the
+    middle of its commits), wait ``stop.after_s`` more seconds and send ``stop.signal`` (unless
+    it ended by then)."""
     with open(log, "ab") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=f, start_new_session=True, env=env)
-        start_by = time.monotonic() + 60
-        while time.monotonic() < start_by and proc.poll() is None and not _has_results(out):
-            time.sleep(0.01)
+        start_by = time.monotonic() + 120
+        while (
+            time.monotonic() < start_by
+            and proc.poll() is None
+            and _published(out) < stop.after_files
+        ):
+            time.sleep(0.005)
         deadline = time.monotonic() + stop.after_s
         while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.01)
+            time.sleep(0.005)
         if proc.poll() is None:
             # The whole process group: multi_processing workers get it too, as from a terminal.
             os.killpg(proc.pid, stop.signal)
@@ -166,6 +170,20 @@ def run_until(
     return stop
 
 
+def _left(ckpt: str, total: int) -> float:
+    """The fraction of all chunks not committed yet in ``ckpt``."""
+    from linstream.state import CheckpointStore
+
+    store = CheckpointStore(ckpt)
+    if not store.exists():
+        return 1.0
+    done = 0
+    for seq in store.sequences():
+        head = store.head(seq, fingerprint=None, fallback=True)
+        done += 0 if head is None else head.state.next_chunk
+    return max(1.0 - done / max(total, 1), 0.05)
+
+
 def crash_and_resume(
     seed: int,
     model: str,
@@ -174,27 +192,30 @@ def crash_and_resume(
     reference_out: str,
     *,
     kills: int,
-    duration_s: float,
+    files: int,
     extra: tuple[str, ...] = (),
 ) -> tuple[Verdict, list[Stop]]:
     """``kills`` stopped jobs (random signal and moment), then one resume to the end.
-    ``duration_s``: how long a job runs past its first output (stops fall within it)."""
+    ``files``: how many result files an uninterrupted run publishes (stops fall within them)."""
     rng = np.random.default_rng(seed)
     ckpt = os.path.join(workdir, "ckpt")
+    total = len(result_rows(reference_out))
     outputs, stops = [], []
     log = os.path.join(workdir, "jobs.log")
     for k in range(kills):
         out = os.path.join(workdir, f"out-{k}")
         outputs.append(out)
         sig = signal.SIGKILL if rng.random() < 0.5 else signal.SIGINT
-        # Early stops are likelier (each job resumes with less left to do): a stop lands while
-        # the job still works, anywhere from its first commit on.
-        after = float(min(rng.exponential(duration_s / 4), duration_s))
+        # A moment while the job still works (a resumed job has only what is left to do): after
+        # a random number of its commits, plus up to 50 ms so that stops also land inside one.
+        left = max(1, round(files * _left(ckpt, total)))
+        after_files = int(rng.integers(1, left + 1))
+        after = float(rng.uniform(0.0, 0.05))
         resume = ("--resume",) if k else ()
         cmd = embed_cmd(model, inp, out, ckpt, *resume, *extra)
         trace = os.path.join(workdir, f"applied-{k}.tsv")
         env = {**os.environ, "LINSTREAM_TRACE_APPLIED": trace}
-        stop = run_until(cmd, out, Stop(sig, after), log, env)
+        stop = run_until(cmd, out, Stop(sig, after_files, after), log, env)
         stop.recomputed = recomputed_after(trace, ckpt)
         stops.append(stop)
     out = os.path.join(workdir, "out-final")

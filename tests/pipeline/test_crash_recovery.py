@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from _crash import crash_and_resume, embed_cmd, first_output_time, judge, result_rows
+from _crash import crash_and_resume, embed_cmd, judge, reference_files, result_rows
 from linstream.pipeline.io import write_chunk_file
 from linstream.pipeline.sample import sample_chunks
 
@@ -26,12 +26,10 @@ def _dataset(tmp_path, sequences, tokens, size, seed):
 
 
 def _reference(tmp_path, model, inp, *extra):
-    """The uninterrupted run, and how long it ran past its first output."""
+    """The uninterrupted run, and how many result files it published."""
     out = str(tmp_path / "reference")
-    first, total = first_output_time(
-        embed_cmd(model, inp, out, str(tmp_path / "ckpt-ref"), *extra), out
-    )
-    return out, max(total - first, 0.5)
+    files = reference_files(embed_cmd(model, inp, out, str(tmp_path / "ckpt-ref"), *extra), out)
+    return out, files
 
 
 @pytest.mark.parametrize("seed", [11, 12])
@@ -39,12 +37,13 @@ def test_random_stops_then_resume_write_every_chunk_once(seed, tmp_path, tiny_mo
     print(f"crash harness seed {seed}")
     extra = ("--checkpoint-every", "4")
     inp, n_chunks = _dataset(tmp_path, 4, 60 * 32, 32, seed)
-    ref, duration = _reference(tmp_path, tiny_model_path, inp, *extra)
+    ref, files = _reference(tmp_path, tiny_model_path, inp, *extra)
     assert len(result_rows(ref)) == n_chunks  # the reference itself holds every chunk once
     verdict, stops = crash_and_resume(
-        seed, tiny_model_path, inp, str(tmp_path), ref, kills=2, duration_s=duration, extra=extra
+        seed, tiny_model_path, inp, str(tmp_path), ref, kills=2, files=files, extra=extra
     )
-    print(f"stops {[(s.signal, round(s.after_s, 2), s.returncode) for s in stops]}: {verdict}")
+    print(f"stops {[(s.signal, s.after_files, s.returncode) for s in stops]}: {verdict}")
+    assert any(s.returncode != 0 for s in stops), "no stop landed while a job ran"
     assert verdict.ok, str(verdict)
     # What a stop costs: per sequence, at most the chunks since its last commit are recomputed.
     worst = max((n for s in stops for n in s.recomputed.values()), default=0)
@@ -103,18 +102,11 @@ def test_long_crash_harness(shape, tmp_path, tiny_model_path):
     print(f"crash harness {shape}, seed {seed}")
     extra = ("--checkpoint-every", str(every), *options)
     inp, n_chunks = _dataset(tmp_path, sequences, tokens, size, seed)
-    ref, duration = _reference(tmp_path, tiny_model_path, inp, *extra)
+    ref, files = _reference(tmp_path, tiny_model_path, inp, *extra)
     assert len(result_rows(ref)) == n_chunks
     kills = int(os.environ.get("LINSTREAM_CRASH_KILLS", "17"))
     verdict, stops = crash_and_resume(
-        seed,
-        tiny_model_path,
-        inp,
-        str(tmp_path),
-        ref,
-        kills=kills,
-        duration_s=duration,
-        extra=extra,
+        seed, tiny_model_path, inp, str(tmp_path), ref, kills=kills, files=files, extra=extra
     )
     recomputed = [n for s in stops for n in s.recomputed.values()]
     killed = sum(s.returncode not in (0, None) for s in stops)
