@@ -10,7 +10,9 @@ those ranges plus the content digest, which covers the bytes inside them.  It co
 byte of the file like ``sha256`` does, and a reader verifies it and the content digest in one
 pass over the tensor bytes instead of two.  Manifests are untrusted input like data files:
 ``Manifest.parse`` checks every field's type and range, and that the data file name is a plain
-name (no path) in the expected form.
+name (no path) in the expected form; the JSON itself is parsed with size, nesting-depth and
+number-length limits (``safe_json.loads_bounded``), so no manifest raises anything but a
+``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from .codec import check_format_version
 from .errors import CorruptCheckpointError, UnsupportedFormatVersionError
 from .paths import data_name, parse_data_name
+from .safe_json import UnsafeJSONError, loads_bounded
 
 __all__ = ["MAX_MANIFEST_BYTES", "Manifest", "split_file_hash"]
 
@@ -73,7 +76,10 @@ class Manifest:
             msg = f"is larger than {MAX_MANIFEST_BYTES} bytes"
             raise bad(msg)
         try:
-            obj: Any = json.loads(raw.decode("utf-8"))
+            obj: Any = loads_bounded(raw, max_bytes=MAX_MANIFEST_BYTES)
+        except UnsafeJSONError as ex:
+            msg = f"is refused unparsed ({len(raw)} bytes): {ex}"
+            raise bad(msg) from ex
         except (UnicodeDecodeError, json.JSONDecodeError) as ex:
             msg = f"is not complete JSON ({len(raw)} bytes): {ex}"
             raise bad(msg) from ex

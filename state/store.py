@@ -50,6 +50,7 @@ from .errors import (
     CorruptCheckpointError,
     DivergentStateError,
     NonFiniteStateError,
+    ShapeMismatchError,
 )
 from .filesystems import LocalStorage, in_thread, open_storage
 from .manifest import MAX_MANIFEST_BYTES, Manifest, split_file_hash
@@ -111,6 +112,23 @@ _PARALLEL_HASH_BYTES = 64 * 1024
 
 def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def check_expected_shape(
+    shape: tuple[int, ...], expected: tuple[int, ...] | None, *, path: str
+) -> None:
+    """``ShapeMismatchError`` unless a commit's state shape is the model's (when one is given)."""
+    if expected is None or tuple(shape) == tuple(int(n) for n in expected):
+        return
+    names = ("layers", "heads", "features", "d_v")
+    diff = ", ".join(
+        f"{n} {a} (model {b})" for n, a, b in zip(names, shape, expected, strict=False) if a != b
+    )
+    msg = (
+        f"state of shape {list(shape)} does not fit the model's {list(expected)}: "
+        f"{diff or f'{len(shape)} dimensions (model {len(expected)})'}"
+    )
+    raise ShapeMismatchError(msg, path=path)
 
 
 def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -378,7 +396,12 @@ class CheckpointStore:
     # --- restore -------------------------------------------------------------------------------
 
     def restore(
-        self, seq_id: str, *, fingerprint: str, fallback: bool = False
+        self,
+        seq_id: str,
+        *,
+        fingerprint: str,
+        fallback: bool = False,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState | None:
         """The newest committed state of ``seq_id``, or None when it has no commit.
 
@@ -391,13 +414,17 @@ class CheckpointStore:
         ``UnsupportedFormatVersionError`` or ``ModelMismatchError`` naming the file.  With
         ``fallback=True`` a corrupt newest commit is skipped (logged as a warning) for the next
         older one; if none is readable the first error is raised.  Orphan data files (no
-        manifest) are never read.
+        manifest) are never read.  ``expected_shape``: the (layers, heads, features, d_v) the
+        model carries; a commit of another shape raises ``ShapeMismatchError`` before its data
+        file is read.  The store's files are untrusted: a manifest or data file that is not a
+        regular file raises ``NotARegularFileError``, a symbolic link ``UnsafePathError``, a
+        state file that would decompress beyond what it holds ``StateBoundsError``.
         """
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
         for pos in self._positions(seq_dir):
             try:
-                st = self._load(seq_dir, pos, seq_id, fingerprint)
+                st = self._load(seq_dir, pos, seq_id, fingerprint, expected_shape)
             except CorruptCheckpointError as ex:
                 if not fallback:
                     raise
@@ -417,13 +444,23 @@ class CheckpointStore:
         return None
 
     def read_commit(
-        self, seq_id: str, position: int, *, fingerprint: str | None = None
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         """The commit of ``seq_id`` at ``position``, with every restore check."""
-        return self._load(self._seq_dir(seq_id), position, seq_id, fingerprint)
+        return self._load(self._seq_dir(seq_id), position, seq_id, fingerprint, expected_shape)
 
     def _load(
-        self, seq_dir: str, position: int, seq_id: str | None, fingerprint: str | None
+        self,
+        seq_dir: str,
+        position: int,
+        seq_id: str | None,
+        fingerprint: str | None,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         mpath = self._mpath(seq_dir, position)
         try:
@@ -431,12 +468,19 @@ class CheckpointStore:
         except FileNotFoundError as ex:
             msg = "manifest disappeared"
             raise CorruptCheckpointError(msg, path=mpath) from ex
+        except OSError as ex:  # unreadable for another reason (permissions, I/O error)
+            msg = f"manifest cannot be read: {ex.strerror or ex}"
+            raise CorruptCheckpointError(msg, path=mpath) from ex
         m = Manifest.parse(raw, path=mpath, position=position)
+        check_expected_shape(m.shape, expected_shape, path=mpath)
         dpath = f"{seq_dir}/{m.data_file}"
         try:
             data = self._fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
         except FileNotFoundError as ex:
             msg = f"data file missing (named by manifest {mpath})"
+            raise CorruptCheckpointError(msg, path=dpath) from ex
+        except OSError as ex:
+            msg = f"data file cannot be read: {ex.strerror or ex}"
             raise CorruptCheckpointError(msg, path=dpath) from ex
         if len(data) != m.size:
             size = len(data)
@@ -540,7 +584,12 @@ class CheckpointStore:
         """Ids of the sequences that have at least one commit (readable or not), sorted."""
         out = []
         for name in self._seq_dirs():
-            positions = self._positions(self._fs.join(name))
+            try:
+                positions = self._positions(self._fs.join(name))
+            except CheckpointError:  # unlistable (a link): listed if its name gives the id
+                positions = []
+                if decode_seq_dir(name) is not None:
+                    out.append(str(decode_seq_dir(name)))
             if not positions:
                 continue
             seq_id = decode_seq_dir(name)
@@ -589,7 +638,12 @@ class CheckpointStore:
         problems = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
-            for pos in self._positions(seq_dir):
+            try:
+                positions = self._positions(seq_dir)
+            except CheckpointError as ex:  # e.g. a sequence folder that is a symbolic link
+                problems.append(CheckpointProblem(ex.path or seq_dir, ex.reason, type(ex).__name__))
+                continue
+            for pos in positions:
                 try:
                     self._load(seq_dir, pos, None, None)
                 except CheckpointError as ex:
@@ -605,7 +659,11 @@ class CheckpointStore:
         out = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
-            names = self._fs.list_dir(seq_dir)
+            try:
+                names = self._fs.list_dir(seq_dir)
+            except CheckpointError as ex:  # a linked folder: nothing in it is ours to delete
+                log.warning("checkpoint gc skips %s: %s", seq_dir, ex)
+                continue
             referenced: set[str] = set()
             unreadable: set[int] = set()
             for n in names:
@@ -642,7 +700,10 @@ class CheckpointStore:
                 self._fs.remove(path)
                 removed.append(path)
         for name in self._seq_dirs():
-            removed.extend(self._prune(self._fs.join(name)))
+            try:
+                removed.extend(self._prune(self._fs.join(name)))
+            except CheckpointError as ex:
+                log.warning("checkpoint gc skips %s: %s", name, ex)
         if removed:
             log.info("checkpoint gc under %s removed %d files", self.root, len(removed))
         return removed
