@@ -431,7 +431,12 @@ def decode_with_header(
     if not isinstance(data, bytes) and not (isinstance(data, pa.Buffer) and not data.is_mutable):
         data = bytes(data)  # zero-copy views only of memory nobody can change
     reader = _open(data)
-    header = _header(reader.schema)
+    try:
+        header = _header(reader.schema)
+    except (UnicodeDecodeError, pa.ArrowException, ValueError, TypeError) as ex:
+        # e.g. a column name that is not UTF-8 (found by tests/state/test_fuzz_decoders.py)
+        msg = f"schema does not decode: {type(ex).__name__}: {ex}"
+        raise _corrupt(msg) from ex
     _check_bounds(data, header)
     try:
         if reader.num_record_batches != 1:
