@@ -102,7 +102,11 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
         row: tuple[str, ...] | None = None
         for c in commits:  # newest readable commit
             try:
-                st = store.read_commit(seq_id, c.position)
+                st = (  # by chain number: a commit whose manifest is unreadable has no position
+                    store.read_commit(seq_id, c.position)
+                    if c.commit is None
+                    else store.read_chain(seq_id, c.commit).state
+                )
             except CheckpointError as ex:
                 print(
                     f"BAD {ex.path or c.manifest_path}: {type(ex).__name__}: {ex.reason}",

@@ -43,7 +43,14 @@ def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue sequences from --checkpoint-dir"
     )
-    parser.add_argument("--emit", choices=EMIT_MODES, default="tokens")
+    parser.add_argument(
+        "--emit",
+        choices=EMIT_MODES,
+        default="mean",
+        help="what to write: one vector per chunk (mean or last of its tokens), one per "
+        "finished sequence (the mean over all its tokens), or one per token (large: d_model "
+        "floats per token)",
+    )
     parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "numba", "cupy"))
     parser.add_argument("--checkpoint-every", type=int, default=16, metavar="N")
     parser.add_argument(
@@ -52,7 +59,14 @@ def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
         help="when a sequence's newest checkpoint is corrupt, continue from the previous one "
         "(logged); without it that sequence's chunks go to the dead letters",
     )
-    parser.add_argument("--max-buffered-chunks", type=int, default=64, metavar="N")
+    parser.add_argument(
+        "--max-buffered-chunks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="dead-letter chunks more than N ahead of the next one to apply (default: no "
+        "bound in Beam state; set one for streaming jobs)",
+    )
     parser.add_argument(
         "--idle-timeout", type=float, default=300.0, metavar="S", help="event-time seconds"
     )
@@ -102,23 +116,27 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
     checkpoint_dir, resume, emit, backend, checkpoint_every, max_buffered_chunks, ...
     With `streaming`, chunks come from `linstream.pipeline.streaming_sources.read_stream_chunks`.
     """
-    emit = _get(args, "emit", "tokens")
+    emit = _get(args, "emit", "mean")
     progress = _get(args, "progress_every", 10.0)
+    output = _get(args, "output")
+    # With a checkpoint store the stage writes each span of results as part of the commit that
+    # covers it (exactly once across crashes); without one, Beam's file sink writes them.
+    commit_outputs = bool(_get(args, "checkpoint_dir")) and output is not None
     transform = EmbedSequences(
         _get(args, "model", "builtin:default"),
         backend=_get(args, "backend", "auto"),
         checkpoint_dir=_get(args, "checkpoint_dir"),
         checkpoint_every=_get(args, "checkpoint_every", 16),
         resume=bool(_get(args, "resume", False)),
-        max_buffered_chunks=_get(args, "max_buffered_chunks", 64),
+        max_buffered_chunks=_get(args, "max_buffered_chunks", None),
         idle_timeout=_get(args, "idle_timeout", 300.0),
         state_dtype=_get(args, "state_dtype", "float64"),
         emit=emit,
         progress_every_s=progress if progress else None,
         restore_fallback=bool(_get(args, "restore_fallback", False)),
+        output_dir=output if commit_outputs else None,
     )
     width = int(transform._dofn.step.model.config.d_model)  # type: ignore[attr-defined]  # EmbedStep
-    output = _get(args, "output")
     if _get(args, "streaming", False):
         if not _has_streaming_sources():
             msg = (
@@ -146,7 +164,8 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         window = float(_get(args, "window_seconds", 60.0))
         results = results | "WindowResults" >> beam.WindowInto(FixedWindows(window))
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
-    results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
+    if not commit_outputs:
+        results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
     dead | "WriteDeadLetters" >> WriteDeadLetters(output)
     return results, dead
 

@@ -11,6 +11,7 @@ __all__ = [
     "NotARegularFileError",
     "ShapeMismatchError",
     "StateBoundsError",
+    "SupersededError",
     "UnsafePathError",
     "UnsupportedFormatVersionError",
 ]
@@ -76,5 +77,11 @@ class StateBoundsError(CorruptCheckpointError):
     (e.g. a compressed body that would decompress to gigabytes); refused before allocating."""
 
 
-class ShapeMismatchError(CheckpointError):
-    """A well-formed state whose shape (layers, heads, features, d_v) is not the model's."""
+class ShapeMismatchError(CorruptCheckpointError):
+    """A well-formed state whose shape (layers, heads, features, d_v) is not the model's (a
+    commit the model cannot continue: with a fallback, an older commit is tried)."""
+
+
+class SupersededError(DivergentStateError):
+    """Another writer advanced the sequence first: the commit number this writer wanted to
+    create holds another history (two jobs on one store; the later commit is refused)."""

@@ -51,6 +51,12 @@ def test_resume_over_hostile_checkpoints_dead_letters_each_and_goes_on(tmp_path)
     CheckpointStore(ckpt).commit(
         random_state(99, shape, seq_id="good", position=5, next_chunk=1, fingerprint=fp)
     )
+    # Well formed, right model fingerprint, but two layers where the step carries one.
+    CheckpointStore(ckpt).commit(
+        random_state(
+            98, (2, 2, 3, 4), seq_id="wrong_shape", position=5, next_chunk=1, fingerprint=fp
+        )
+    )
     before = _files(outside)
 
     def chunk(seq_id: str) -> Chunk:
@@ -59,14 +65,14 @@ def test_resume_over_hostile_checkpoints_dead_letters_each_and_goes_on(tmp_path)
         return Chunk(seq_id, 1, {"q": q, "k": k, "v": v}, final=True)
 
     run = run_transform(
-        [chunk(s) for s in [*sorted(HOSTILE_CASES), "good"]],
+        [chunk(s) for s in [*sorted(HOSTILE_CASES), "good", "wrong_shape"]],
         CausalLinearAttention(backend="numpy", checkpoint_dir=ckpt, resume=True),
         tmp_path,
     )
     assert [(r.seq_id, r.index) for r in run.results] == [("good", 1)]
     got = {d.seq_id: d for d in run.dead}
-    assert sorted(got) == sorted(HOSTILE_CASES)
-    for case, words in WORDS.items():
+    assert sorted(got) == sorted([*HOSTILE_CASES, "wrong_shape"])
+    for case, words in [*WORDS.items(), ("wrong_shape", "layers 2 (model 1)")]:
         d = got[case]
         assert (d.chunk_index, d.reason) == (1, "restore_failed"), d
         assert words in d.message, (case, d.message)
