@@ -1,9 +1,17 @@
-"""`linstream checkpoint inspect|verify`: look into a checkpoint store (no Beam imported)."""
+"""`linstream checkpoint inspect|verify`: look into a checkpoint store (no Beam imported).
+
+A store's files are untrusted: every bad file (damaged, truncated, nested or oversized JSON, a
+directory/FIFO/device in a file's place, a symbolic link, a state that would decompress beyond
+what it holds) is one line naming the file and the error, and the exit status is non-zero;
+nothing is followed out of the store, no FIFO is opened, nothing prints a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = ["add_checkpoint_parser", "cmd_inspect", "cmd_verify", "main"]
@@ -50,6 +58,23 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _one_line_errors(cmd: Callable[..., int]) -> Callable[..., int]:
+    """A store problem no per-file check caught becomes one line and exit status 1."""
+
+    @functools.wraps(cmd)
+    def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+        from linstream.state import CheckpointError
+
+        try:
+            return cmd(args, out)
+        except (CheckpointError, OSError) as ex:
+            print(f"linstream checkpoint: {type(ex).__name__}: {ex}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_one_line_errors
 def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Print sequence, position, next chunk, commits, bytes, fingerprint and state norms."""
     from linstream.state import CheckpointError
@@ -61,8 +86,15 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     seq_ids = [args.seq] if args.seq is not None else store.sequences()
     header = ("sequence", "position", "next_chunk", "commits", "bytes", "fingerprint", "|S|", "|z|")
     rows: list[tuple[str, ...]] = []
+    bad = 0
     for seq_id in seq_ids:
-        commits = store.commits(seq_id)
+        try:
+            commits = store.commits(seq_id)
+        except CheckpointError as ex:  # e.g. its folder is a symbolic link
+            print(f"BAD {ex.path or seq_id}: {type(ex).__name__}: {ex.reason}", file=sys.stderr)
+            bad += 1
+            rows.append((seq_id, "?", "?", "?", "?", "?", "?", "?"))
+            continue
         if not commits:
             rows.append((seq_id, "-", "-", "0", "0 B", "-", "-", "-"))
             continue
@@ -70,9 +102,17 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
         row: tuple[str, ...] | None = None
         for c in commits:  # newest readable commit
             try:
-                st = store.read_commit(seq_id, c.position)
+                st = (  # by chain number: a commit whose manifest is unreadable has no position
+                    store.read_commit(seq_id, c.position)
+                    if c.commit is None
+                    else store.read_chain(seq_id, c.commit).state
+                )
             except CheckpointError as ex:
-                print(f"warning: {ex}", file=sys.stderr)
+                print(
+                    f"BAD {ex.path or c.manifest_path}: {type(ex).__name__}: {ex.reason}",
+                    file=sys.stderr,
+                )
+                bad += 1
                 continue
             s_norm, z_norm = st.norms()
             row = (
@@ -92,17 +132,25 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip(), file=out)
-    return 0
+    return 1 if bad else 0
 
 
+@_one_line_errors
 def cmd_verify(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Check every commit; print ``BAD path: error: reason`` lines and return 1 if any."""
+    from linstream.state import CheckpointError
+
     out = out or sys.stdout
     store = _open(args.root, sys.stderr)
     if store is None:
         return 2
     problems = store.verify()
-    n_commits = sum(len(store.commits(s)) for s in store.sequences())
+    n_commits = 0
+    for seq_id in store.sequences():
+        try:
+            n_commits += len(store.commits(seq_id))
+        except CheckpointError:  # already among the problems
+            continue
     for p in problems:
         print(f"BAD {p.path}: {p.error}: {p.reason}", file=out)
     orphans = store.orphans()

@@ -25,6 +25,7 @@ __all__ = [
     "ChunkResultCoder",
     "DeadLetter",
     "DeadLetterCoder",
+    "Rejected",
     "Unencodable",
 ]
 
@@ -47,6 +48,31 @@ class Unencodable:
 
     def __repr__(self) -> str:
         return f"Unencodable({self.description!r})"
+
+
+class Rejected(Unencodable):
+    """A row that is no chunk of any sequence (no usable seq_id, or a file that cannot be read):
+    the transforms send it to the dead letters with its own ``reason`` before keying, so it never
+    reaches the stateful stage as a sequence.  (A stage that met one anyway would dead-letter it
+    as a payload without array form.)"""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str, description: str) -> None:
+        super().__init__(description)
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rejected) and (other.reason, other.description) == (
+            self.reason,
+            self.description,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.description))
+
+    def __repr__(self) -> str:
+        return f"Rejected({self.reason!r}, {self.description!r})"
 
 
 def _payload_equal(a: Any, b: Any) -> bool:
@@ -184,7 +210,7 @@ _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
 _IDX_INT, _IDX_FLOAT, _IDX_OTHER, _IDX_NONE = 0, 1, 2, 3
-_DATA_NONE, _DATA_ARRAY, _DATA_DICT, _DATA_UNENCODABLE = 0, 1, 2, 3
+_DATA_NONE, _DATA_ARRAY, _DATA_DICT, _DATA_UNENCODABLE, _DATA_REJECTED = 0, 1, 2, 3, 4
 
 
 class _Writer:
@@ -233,6 +259,10 @@ class _Writer:
     def payload(self, data: Any) -> None:
         if data is None:
             self.u8(_DATA_NONE)
+        elif isinstance(data, Rejected):
+            self.u8(_DATA_REJECTED)
+            self.text(data.reason)
+            self.text(data.description)
         elif isinstance(data, Unencodable):
             self.u8(_DATA_UNENCODABLE)
             self.text(data.description)
@@ -332,6 +362,9 @@ class _Reader:
             return None
         if kind == _DATA_UNENCODABLE:
             return Unencodable(self.text())
+        if kind == _DATA_REJECTED:
+            reason = self.text()
+            return Rejected(reason, self.text())
         if kind == _DATA_DICT:
             n = self.u32()
             return {self.text(): self.payload() for _ in range(n)}

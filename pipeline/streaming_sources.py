@@ -32,9 +32,11 @@ Element timestamps: Pub/Sub publish time, or the attribute named by `--pubsub_ti
 Kafka: the consumer's processing time (`ReadFromKafka`'s default policy).  The stage's idle timer
 runs in event time, so these decide when an idle sequence is committed and evicted.
 
-A message that cannot be decoded (not UTF-8 JSON or Arrow, a missing or mistyped field, a key that
-disagrees with its payload) never fails the bundle: it becomes a `DeadLetter` with reason
-``undecodable_message``, ``bad_message`` or ``key_mismatch`` and is counted under the metrics
+A message that cannot be decoded (not UTF-8 JSON or Arrow, JSON nested too deeply or with an integer
+too long to convert, a token id or chunk index beyond 64 bits, a missing or mistyped field, a key
+that disagrees with its payload, or anything else the decoder raises on) never fails the bundle:
+it becomes a `DeadLetter` with reason ``undecodable_message``, ``bad_message`` or ``key_mismatch``
+and is counted under the metrics
 namespace ``linstream`` (``stream_messages``, ``stream_chunks``, ``stream_dead_letters``).  Value
 checks (NaN, empty chunk, unknown token id, negative index) stay with the stateful stage, which
 dead-letters them with the same reasons as for file input.
@@ -80,6 +82,7 @@ _DEAD = "dead_letters"
 _ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"
 _ARROW_FILE_MAGIC = b"ARROW1"
 _PREVIEW = 48
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 _log = logging.getLogger(__name__)
 
@@ -224,6 +227,15 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_utf8(s: str) -> bool:
+    """False for strings holding lone surrogates (JSON ``"\\ud800"``): no UTF-8 form."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _json_payload(obj: Mapping[str, Any], seq_id: str, index: int) -> np.ndarray:
     has_t, has_f = "tokens" in obj, "features" in obj
     if has_t == has_f:
@@ -234,7 +246,11 @@ def _json_payload(obj: Mapping[str, Any], seq_id: str, index: int) -> np.ndarray
     if has_t:
         toks = obj["tokens"]
         if not isinstance(toks, list) or not all(_is_int(t) for t in toks):
-            msg = f"'tokens' must be a list of integers, got {json.dumps(toks)[:80]}"
+            msg = f"'tokens' must be a list of integers, got {_short_json(toks)}"
+            raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index)
+        big = next((t for t in toks if not _INT64_MIN <= t <= _INT64_MAX), None)
+        if big is not None:
+            msg = f"'tokens' must be 64-bit integers, got {_short_int(big)}"
             raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index)
         arr = np.array(toks, dtype=np.int64)
         # int32 like the Parquet path; ids beyond it stay int64 and the stage names them.
@@ -248,14 +264,33 @@ def _json_payload(obj: Mapping[str, Any], seq_id: str, index: int) -> np.ndarray
         for row in feats
     )
     if not ok:
-        msg = f"'features' must be a list of rows of numbers, got {json.dumps(feats)[:80]}"
+        msg = f"'features' must be a list of rows of numbers, got {_short_json(feats)}"
         raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index)
     widths = {len(row) for row in feats}
     if len(widths) > 1:
         msg = f"'features' rows must have one width, got widths {sorted(widths)}"
         raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index)
     width = widths.pop() if widths else 0
-    return np.array(feats, dtype=np.float32).reshape(len(feats), width)
+    try:
+        return np.array(feats, dtype=np.float32).reshape(len(feats), width)
+    except OverflowError as ex:  # an integer beyond the float range (10**400)
+        msg = f"'features' must be numbers in the float range: {ex}"
+        raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index) from ex
+
+
+def _short_json(value: Any) -> str:
+    """At most 80 characters of ``value`` as JSON (integers beyond str() limits elided)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = f"a {type(value).__name__} too large or deep to show"
+    return text[:80]
+
+
+def _short_int(n: int) -> str:
+    if abs(n) < 10**30:
+        return str(n)
+    return f"an integer of about {n.bit_length()} bits"
 
 
 def _decode_json(data: bytes, key: str | None) -> list[Chunk]:
@@ -264,20 +299,32 @@ def _decode_json(data: bytes, key: str | None) -> list[Chunk]:
     except (UnicodeDecodeError, json.JSONDecodeError) as ex:
         msg = f"not UTF-8 JSON ({ex}): {_preview(data)}"
         raise BadMessage(msg, reason="undecodable_message", seq_id=key or "") from ex
+    except RecursionError as ex:
+        msg = f"JSON nested too deeply to decode: {_preview(data)}"
+        raise BadMessage(msg, reason="undecodable_message", seq_id=key or "") from ex
+    except ValueError as ex:  # e.g. an integer literal longer than Python converts (4300 digits)
+        msg = f"JSON with a value Python cannot convert ({ex}): {_preview(data)}"
+        raise BadMessage(msg, reason="undecodable_message", seq_id=key or "") from ex
     if not isinstance(obj, dict):
         msg = f"expected a JSON object, got {type(obj).__name__}"
         raise BadMessage(msg, reason="bad_message", seq_id=key or "")
     seq_id = obj.get("seq_id", key)
-    if not isinstance(seq_id, str) or not seq_id:
-        msg = f"'seq_id' must be a non-empty string (or come from the key), got {seq_id!r}"
+    if not isinstance(seq_id, str) or not seq_id or not _is_utf8(seq_id):
+        msg = (
+            "'seq_id' must be a non-empty UTF-8 string (or come from the key), got "
+            f"{_short_json(seq_id)}"
+        )
         raise BadMessage(msg, reason="bad_message", seq_id=key or "")
     index = obj.get("chunk_index")
     if not isinstance(index, int) or isinstance(index, bool):
-        msg = f"'chunk_index' must be an integer, got {index!r}"
+        msg = f"'chunk_index' must be an integer, got {_short_json(index)}"
+        raise BadMessage(msg, reason="bad_message", seq_id=seq_id)
+    if not _INT64_MIN <= index <= _INT64_MAX:
+        msg = f"'chunk_index' must be a 64-bit integer, got {_short_int(index)}"
         raise BadMessage(msg, reason="bad_message", seq_id=seq_id)
     final = obj.get("final", False)
     if not isinstance(final, bool):
-        msg = f"'final' must be true or false, got {final!r}"
+        msg = f"'final' must be true or false, got {_short_json(final)}"
         raise BadMessage(msg, reason="bad_message", seq_id=seq_id, index=index)
     return [Chunk(seq_id, index, _json_payload(obj, seq_id, index), final)]
 
@@ -321,8 +368,14 @@ def decode_message(
     key: the Kafka record key or Pub/Sub ``seq_id`` attribute (UTF-8), if any; every chunk's
     seq_id must equal it.
     """
-    fmt = _format_of(data, content_type)
-    chunks = _decode_json(data, key) if fmt == "json" else _decode_arrow(data, key)
+    try:
+        fmt = _format_of(data, content_type)
+        chunks = _decode_json(data, key) if fmt == "json" else _decode_arrow(data, key)
+    except BadMessage:
+        raise
+    except Exception as ex:  # anything else a hostile message can provoke is its fault too
+        msg = f"could not decode ({type(ex).__name__}: {str(ex)[:120]}): {_preview(data)}"
+        raise BadMessage(msg, reason="undecodable_message", seq_id=key or "") from ex
     if key is not None:
         for c in chunks:
             if c.seq_id != key:
@@ -378,8 +431,14 @@ class _DecodeDoFn(beam.DoFn):
     def process(self, element: Any) -> Iterator[Any]:
         self.messages.inc()
         try:
-            data, key, ctype = self._unpack(element)
-            chunks = decode_message(data, key=key, content_type=ctype)
+            try:
+                data, key, ctype = self._unpack(element)
+                chunks = decode_message(data, key=key, content_type=ctype)
+            except BadMessage:
+                raise
+            except Exception as ex:  # a message never fails its bundle, whatever it holds
+                msg = f"could not decode ({type(ex).__name__}: {str(ex)[:120]})"
+                raise BadMessage(msg, reason="undecodable_message") from ex
         except BadMessage as r:
             self.dead.inc()
             yield beam.pvalue.TaggedOutput(

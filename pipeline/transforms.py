@@ -12,9 +12,10 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.metrics import Metrics
 
-from .core import DEAD_LETTERS, SequenceDoFn
-from .elements import Chunk, ChunkResult, DeadLetter
+from .core import DEAD_LETTERS, NAMESPACE, SequenceDoFn
+from .elements import Chunk, ChunkResult, DeadLetter, Rejected
 from .steps import ChunkStep, EmbedStep, RawAttentionStep
 
 __all__ = ["CausalLinearAttention", "EmbedSequences"]
@@ -22,6 +23,21 @@ __all__ = ["CausalLinearAttention", "EmbedSequences"]
 
 def _key_by_seq(chunk: Chunk) -> tuple[str, Chunk]:
     return (str(chunk.seq_id), chunk)
+
+
+class _SplitRejected(beam.DoFn):
+    """Rows that are no chunk of any sequence (`Rejected` payloads: no usable seq_id, an
+    unreadable file) go straight to the dead letters, never keyed as a sequence."""
+
+    def process(self, chunk: Chunk) -> Any:
+        if isinstance(chunk.data, Rejected):
+            idx = chunk.index if isinstance(chunk.index, int) else None
+            Metrics.counter(NAMESPACE, "dead_letters").inc()
+            Metrics.counter(NAMESPACE, f"dead_letters.{chunk.data.reason}").inc()
+            dead = DeadLetter(str(chunk.seq_id), idx, chunk.data.reason, chunk.data.description)
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dead)
+        else:
+            yield chunk
 
 
 class _SequenceTransform(beam.PTransform):
@@ -37,14 +53,19 @@ class _SequenceTransform(beam.PTransform):
         return other
 
     def expand(self, pcoll: Any) -> Any:
-        keyed = pcoll | "KeyBySequence" >> beam.Map(_key_by_seq).with_output_types(
+        split = pcoll | "SplitRejected" >> beam.ParDo(_SplitRejected()).with_outputs(
+            DEAD_LETTERS, main="chunks"
+        )
+        split.chunks.element_type = Chunk
+        split[DEAD_LETTERS].element_type = DeadLetter
+        keyed = split.chunks | "KeyBySequence" >> beam.Map(_key_by_seq).with_output_types(
             tuple[str, Chunk]
         )
         out = keyed | "OrderAndApply" >> beam.ParDo(self._dofn).with_outputs(
             DEAD_LETTERS, main="results"
         )
         results = out.results
-        dead = out[DEAD_LETTERS]
+        dead = (out[DEAD_LETTERS], split[DEAD_LETTERS]) | "AllDeadLetters" >> beam.Flatten()
         results.element_type = ChunkResult
         dead.element_type = DeadLetter
         if self._with_errors:

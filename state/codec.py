@@ -13,8 +13,10 @@ no checksum of its own).  A reader refuses a file whose minimum reader version i
 ``READER_VERSION``; newer files that older readers may read set a lower minimum.
 
 Decoding treats the bytes as untrusted: structure, schema, shapes and dtype are checked before any
-array is touched, then fingerprint, identity, digest and finiteness.  Arrays are zero-copy views
-of the (immutable) input buffer where Arrow allows.  No pickle.
+array is touched, and the record batch headers before Arrow reads a batch (``ipc_bounds``: a
+compressed body, which this codec never writes, is refused undecompressed, so no file makes a
+reader allocate more than it holds), then fingerprint, identity, digest and finiteness.  Arrays
+are zero-copy views of the (immutable) input buffer where Arrow allows.  No pickle.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .errors import (
     NonFiniteStateError,
     UnsupportedFormatVersionError,
 )
+from .ipc_bounds import check_state_file_bounds
 from .sequence_state import SequenceState, zero_copy_of_immutable_buffers
 
 __all__ = [
@@ -377,6 +380,16 @@ def _tensor(batch: pa.RecordBatch, name: str, shape: tuple[int, ...], dtype: str
     return arr if arr.dtype == want else arr.view(want)
 
 
+def _check_bounds(data: Any, header: StateHeader) -> None:
+    """Before Arrow reads a batch: nothing it would allocate may exceed what the file holds
+    (a compressed body is refused undecompressed; ``ipc_bounds``)."""
+    try:
+        check_state_file_bounds(data, shape=header.shape, itemsize=_DTYPES[header.dtype].itemsize)
+    except ValueError as ex:
+        msg = f"not a readable Arrow IPC file ({len(data)} bytes): {ex}"
+        raise _corrupt(msg) from ex
+
+
 def decode_state(
     data: bytes | bytearray | memoryview | pa.Buffer,
     *,
@@ -420,7 +433,13 @@ def decode_with_header(
     if not isinstance(data, bytes) and not (isinstance(data, pa.Buffer) and not data.is_mutable):
         data = bytes(data)  # zero-copy views only of memory nobody can change
     reader = _open(data)
-    header = _header(reader.schema)
+    try:
+        header = _header(reader.schema)
+    except (UnicodeDecodeError, pa.ArrowException, ValueError, TypeError) as ex:
+        # e.g. a column name that is not UTF-8 (found by tests/state/test_fuzz_decoders.py)
+        msg = f"schema does not decode: {type(ex).__name__}: {ex}"
+        raise _corrupt(msg) from ex
+    _check_bounds(data, header)
     try:
         if reader.num_record_batches != 1:
             msg = f"expected 1 record batch, received {reader.num_record_batches}"

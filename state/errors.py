@@ -8,7 +8,11 @@ __all__ = [
     "DivergentStateError",
     "ModelMismatchError",
     "NonFiniteStateError",
+    "NotARegularFileError",
+    "ShapeMismatchError",
+    "StateBoundsError",
     "SupersededError",
+    "UnsafePathError",
     "UnsupportedFormatVersionError",
 ]
 
@@ -56,6 +60,26 @@ class DivergentStateError(CheckpointError):
 
 class NonFiniteStateError(CheckpointError, ValueError):
     """A state holds NaN or Inf: it is refused for commit and on decode."""
+
+
+class NotARegularFileError(CorruptCheckpointError):
+    """A manifest or data file name that holds a directory, FIFO, device or socket (never opened
+    for reading: a FIFO would block)."""
+
+
+class UnsafePathError(CheckpointError):
+    """A symbolic link (or other indirection) inside the store: the store writes none, so it is
+    never followed, for reads, writes or deletes."""
+
+
+class StateBoundsError(CorruptCheckpointError):
+    """A state file whose Arrow buffers claim more bytes than its declared shape and dtype allow
+    (e.g. a compressed body that would decompress to gigabytes); refused before allocating."""
+
+
+class ShapeMismatchError(CorruptCheckpointError):
+    """A well-formed state whose shape (layers, heads, features, d_v) is not the model's (a
+    commit the model cannot continue: with a fallback, an older commit is tried)."""
 
 
 class SupersededError(DivergentStateError):

@@ -7,19 +7,29 @@ name already exists.  Local disk: write a unique temporary file, fsync it, ``os.
 final name (link fails if the name exists), fsync the folder.  fsspec: ``pipe_file`` for data and
 ``open(path, "xb")`` for the exclusive create (memory://, gcsfs, s3fs, adlfs support it on
 recent versions; object stores make an object visible only when its upload completes).
+
+A store's files are untrusted input.  On local disk no symbolic link below the root is ever
+followed, for reads, writes or deletes: every folder between the root and a file is checked with
+``lstat``, files are opened with ``O_NOFOLLOW`` (``UnsafePathError``), and only regular files are
+read: a directory, FIFO, device or socket under a store name raises ``NotARegularFileError``
+before it is opened (``lstat``), and again after (``O_NONBLOCK`` open, then ``fstat``), so a FIFO
+never blocks a reader.  The root itself may be a link (the user chose it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
+from .errors import NotARegularFileError, UnsafePathError
 from .paths import TMP_PREFIX
 
 __all__ = ["FsspecStorage", "LocalStorage", "Storage", "in_thread", "open_storage"]
@@ -50,8 +60,42 @@ def _tmp_name(path: str) -> str:
     return f"{head}/{TMP_PREFIX}{uuid.uuid4().hex}"
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
+
+
+def _not_regular(path: str, mode: int) -> NotARegularFileError:
+    msg = f"expected a regular file, found {_kind(mode)}"
+    return NotARegularFileError(msg, path=path)
+
+
+def _link_refused(path: str, what: str = "file") -> UnsafePathError:
+    msg = (
+        f"{what} is a symbolic link; a checkpoint store holds none and linstream follows none "
+        "(a link could lead reads, writes or deletes out of the store)"
+    )
+    return UnsafePathError(msg, path=path)
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 class LocalStorage:
-    """Local disk with POSIX durability: fsync of files and of the folder."""
+    """Local disk with POSIX durability: fsync of files and of the folder.
+
+    No symbolic link below the root is followed, and only regular files are read (see the
+    module docstring)."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(os.path.expanduser(root)).replace(os.sep, "/")
@@ -59,32 +103,91 @@ class LocalStorage:
     def join(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
 
+    def check_inside(self, path: str) -> None:
+        """Refuse ``path`` unless it is the root or below it with no link in the folders between
+        (``UnsafePathError``); the last component is the caller's to open without following."""
+        if path == self.root:
+            return
+        prefix = self.root.rstrip("/") + "/"
+        parts = path[len(prefix) :].split("/") if path.startswith(prefix) else [".."]
+        if any(p in ("", ".", "..") for p in parts):
+            msg = f"is not a path inside the store root {self.root}"
+            raise UnsafePathError(msg, path=path)
+        folder = prefix.rstrip("/")
+        for part in parts[:-1]:
+            folder = f"{folder}/{part}"
+            try:
+                mode = os.lstat(folder).st_mode
+            except FileNotFoundError:
+                return  # nothing below exists either: the caller's own call fails on its own
+            if stat.S_ISLNK(mode):
+                raise _link_refused(path, f"folder {folder}")
+
+    def _lstat_below_root(self, path: str) -> os.stat_result:
+        self.check_inside(path)
+        st = os.lstat(path)
+        if path != self.root and stat.S_ISLNK(st.st_mode):
+            raise _link_refused(path)
+        return st
+
     def makedirs(self, path: str) -> None:
+        self.check_inside(path)
         os.makedirs(path, exist_ok=True)
+        self._lstat_below_root(path)  # an existing link passes makedirs: refuse it here
 
     def list_dir(self, path: str) -> list[str]:
         try:
+            mode = self._lstat_below_root(path).st_mode
+            if not stat.S_ISDIR(mode) and path != self.root:
+                return []
             return sorted(os.listdir(path))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def is_dir(self, path: str) -> bool:
-        return os.path.isdir(path)
+        if path == self.root:
+            return os.path.isdir(path)
+        try:
+            return stat.S_ISDIR(self._lstat_below_root(path).st_mode)
+        except FileNotFoundError:
+            return False
+
+    def open_regular(self, path: str) -> int:
+        """A read-only descriptor of the regular file at ``path`` (never a link, FIFO, device,
+        socket or directory; a FIFO is refused without blocking)."""
+        mode = self._lstat_below_root(path).st_mode  # devices and FIFOs are never opened
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as ex:
+            if ex.errno == errno.ELOOP:  # replaced by a link since the lstat
+                raise _link_refused(path) from ex
+            if ex.errno == errno.ENXIO:  # a socket or FIFO end without a peer
+                msg = "expected a regular file, found a socket or FIFO"
+                raise NotARegularFileError(msg, path=path) from ex
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced since the lstat
+            os.close(fd)
+            raise _not_regular(path, st.st_mode)
+        return fd
 
     def read(self, path: str, limit: int) -> bytes:
         """At most ``limit + 1`` bytes (so a caller sees a file longer than it should be)."""
-        with open(path, "rb", buffering=0) as f:
+        with open(self.open_regular(path), "rb", buffering=0) as f:
             if limit < 0:
                 return f.readall()
             # The limit can come from an untrusted manifest: never ask for more than is there.
             return _read_up_to(f, min(limit, os.fstat(f.fileno()).st_size) + 1)
 
     def size(self, path: str) -> int:
-        return os.stat(path).st_size
+        return self._lstat_below_root(path).st_size
 
     def _write_tmp(self, path: str, data: Any) -> str:
         tmp = _tmp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.check_inside(tmp)
+        fd = os.open(tmp, _CREATE_FLAGS, 0o644)
         try:
             view = memoryview(data).cast("B")
             while view:
@@ -105,12 +208,16 @@ class LocalStorage:
             os.link(tmp, path)
         except FileExistsError:
             # Same name = same content hash; repair a damaged copy, never rewrite a good one.
-            if self.read(path, len(memoryview(data).cast("B"))) != bytes(data):
+            try:
+                intact = self.read(path, len(memoryview(data).cast("B"))) == bytes(data)
+            except UnsafePathError:
+                intact = False  # a link in our file's place: replaced (the link, not its target)
+            if not intact:
                 os.replace(tmp, path)
             else:
                 # An old orphan being reused: restart its GC grace period, or a gc() that listed
                 # it before this commit's manifest exists could delete it from under the commit.
-                os.utime(path)
+                os.utime(path, follow_symlinks=False)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -172,12 +279,14 @@ class LocalStorage:
             os.close(fd)
 
     def remove(self, path: str) -> None:
+        self.check_inside(path)  # unlink never follows the last component; the folders are ours
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
     def mtime(self, path: str) -> float | None:
         try:
-            return os.stat(path).st_mtime
+            self.check_inside(path)
+            return os.lstat(path).st_mtime
         except FileNotFoundError:
             return None
 
@@ -257,7 +366,12 @@ class FsspecStorage:
             return False
 
     def read(self, path: str, limit: int) -> bytes:
-        with self.fs.open(path, "rb") as f:
+        try:
+            f = self.fs.open(path, "rb")
+        except IsADirectoryError as ex:
+            msg = "expected a regular file, found a directory"
+            raise NotARegularFileError(msg, path=path) from ex
+        with f:
             return bytes(f.read(limit + 1))
 
     def size(self, path: str) -> int:

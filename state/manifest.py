@@ -16,7 +16,9 @@ the last applied chunks, and the output span the commit finalizes; and ``check``
 the manifest's canonical JSON without it (a flipped bit in a format-2 manifest is detected, not
 trusted).  Manifests are untrusted input like data files:
 ``Manifest.parse`` checks every field's type and range, and that the data file name is a plain
-name (no path) in the expected form.
+name (no path) in the expected form; the JSON itself is parsed with size, nesting-depth and
+number-length limits (``safe_json.loads_bounded``), so no manifest raises anything but a
+``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from .codec import check_format_version
 from .errors import CorruptCheckpointError, UnsupportedFormatVersionError
 from .paths import data_name, parse_data_name
+from .safe_json import UnsafeJSONError, loads_bounded
 
 __all__ = [
     "DIGEST_BYTES",
@@ -143,7 +146,10 @@ class Manifest:
             msg = f"is larger than {MAX_MANIFEST_BYTES} bytes"
             raise bad(msg)
         try:
-            obj: Any = json.loads(raw.decode("utf-8"))
+            obj: Any = loads_bounded(raw, max_bytes=MAX_MANIFEST_BYTES)
+        except UnsafeJSONError as ex:
+            msg = f"is refused unparsed ({len(raw)} bytes): {ex}"
+            raise bad(msg) from ex
         except (UnicodeDecodeError, json.JSONDecodeError) as ex:
             msg = f"is not complete JSON ({len(raw)} bytes): {ex}"
             raise bad(msg) from ex

@@ -53,6 +53,7 @@ from .errors import (
     CorruptCheckpointError,
     DivergentStateError,
     NonFiniteStateError,
+    ShapeMismatchError,
     SupersededError,
 )
 from .filesystems import LocalStorage, in_thread, open_storage
@@ -136,6 +137,23 @@ _PARALLEL_HASH_BYTES = 64 * 1024
 
 def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def check_expected_shape(
+    shape: tuple[int, ...], expected: tuple[int, ...] | None, *, path: str
+) -> None:
+    """``ShapeMismatchError`` unless a commit's state shape is the model's (when one is given)."""
+    if expected is None or tuple(shape) == tuple(int(n) for n in expected):
+        return
+    names = ("layers", "heads", "features", "d_v")
+    diff = ", ".join(
+        f"{n} {a} (model {b})" for n, a, b in zip(names, shape, expected, strict=False) if a != b
+    )
+    msg = (
+        f"state of shape {list(shape)} does not fit the model's {list(expected)}: "
+        f"{diff or f'{len(shape)} dimensions (model {len(expected)})'}"
+    )
+    raise ShapeMismatchError(msg, path=path)
 
 
 def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -528,7 +546,11 @@ class CheckpointStore:
         Raises ``CorruptCheckpointError``, ``UnsupportedFormatVersionError`` or
         ``ModelMismatchError`` naming the file.  With ``fallback=True`` a corrupt newest commit
         is skipped (logged as a warning) for the next older one; if none is readable the first
-        error is raised.  Orphan data files (no manifest) are never read.
+        error is raised.  Orphan data files (no manifest) are never read.  The store's files
+        are untrusted: a manifest or data file that is not a regular file raises
+        ``NotARegularFileError``, a symbolic link ``UnsafePathError``, a state file that would
+        decompress beyond what it holds ``StateBoundsError``, a commit of another shape than
+        ``expected_shape`` ``ShapeMismatchError`` (from its manifest, before its data is read).
         """
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
@@ -537,13 +559,9 @@ class CheckpointStore:
         newest = max((n for _, n, _ in files if n is not None), default=0)
         for path, n, pos in files:
             try:
-                st, m = self._load_file(path, n, pos, seq_id, fingerprint)
-                if expected_shape is not None and st.state_shape != tuple(expected_shape):
-                    msg = (
-                        f"state shape {list(st.state_shape)} differs from the model's "
-                        f"{list(expected_shape)} (layers, heads, key features, value width)"
-                    )
-                    raise CorruptCheckpointError(msg, path=path)
+                # A commit of another shape is a ShapeMismatchError, raised from its manifest
+                # before its data file is read.
+                st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
             except CorruptCheckpointError as ex:
                 if not fallback:
                     raise
@@ -567,7 +585,12 @@ class CheckpointStore:
         return None
 
     def read_commit(
-        self, seq_id: str, position: int, *, fingerprint: str | None = None
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         """The commit of ``seq_id`` at ``position``, with every restore check."""
         seq_dir = self._seq_dir(seq_id)
@@ -580,7 +603,7 @@ class CheckpointStore:
                         continue
                 except (CheckpointError, FileNotFoundError):
                     continue
-            return self._load_file(path, n, pos, seq_id, fingerprint)[0]
+            return self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)[0]
         msg = f"no commit at position {position}"
         raise CorruptCheckpointError(msg, path=seq_dir)
 
@@ -591,7 +614,12 @@ class CheckpointStore:
         return Head(st, m.history or _NO_HISTORY, path, (), commit)
 
     def _load(
-        self, seq_dir: str, position: int, seq_id: str | None, fingerprint: str | None
+        self,
+        seq_dir: str,
+        position: int,
+        seq_id: str | None,
+        fingerprint: str | None,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         """The format-1 commit at ``position``."""
         return self._load_file(self._mpath(seq_dir, position), None, position, seq_id, fingerprint)[
@@ -605,6 +633,7 @@ class CheckpointStore:
         position: int | None,
         seq_id: str | None,
         fingerprint: str | None,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> tuple[SequenceState, Manifest]:
         seq_dir = mpath.rpartition("/")[0]
         try:
@@ -612,11 +641,18 @@ class CheckpointStore:
         except FileNotFoundError as ex:
             msg = "manifest disappeared"
             raise CorruptCheckpointError(msg, path=mpath) from ex
+        except OSError as ex:  # unreadable for another reason (permissions, I/O error)
+            msg = f"manifest cannot be read: {ex.strerror or ex}"
+            raise CorruptCheckpointError(msg, path=mpath) from ex
+        check_expected_shape(m.shape, expected_shape, path=mpath)
         dpath = f"{seq_dir}/{m.data_file}"
         try:
             data = self._fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
         except FileNotFoundError as ex:
             msg = f"data file missing (named by manifest {mpath})"
+            raise CorruptCheckpointError(msg, path=dpath) from ex
+        except OSError as ex:
+            msg = f"data file cannot be read: {ex.strerror or ex}"
             raise CorruptCheckpointError(msg, path=dpath) from ex
         if len(data) != m.size:
             size = len(data)
@@ -720,7 +756,12 @@ class CheckpointStore:
         """Ids of the sequences that have at least one commit (readable or not), sorted."""
         out = []
         for name in self._seq_dirs():
-            files = self._commit_files(self._fs.join(name))
+            try:
+                files = self._commit_files(self._fs.join(name))
+            except CheckpointError:  # unlistable (a link): listed if its name gives the id
+                files = []
+                if decode_seq_dir(name) is not None:
+                    out.append(str(decode_seq_dir(name)))
             if not files:
                 continue
             seq_id = decode_seq_dir(name)
@@ -768,7 +809,12 @@ class CheckpointStore:
         problems = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
-            for path, n, pos in self._commit_files(seq_dir):
+            try:
+                files = self._commit_files(seq_dir)
+            except CheckpointError as ex:  # e.g. a sequence folder that is a symbolic link
+                problems.append(CheckpointProblem(ex.path or seq_dir, ex.reason, type(ex).__name__))
+                continue
+            for path, n, pos in files:
                 try:
                     self._load_file(path, n, pos, None, None)
                 except CheckpointError as ex:
@@ -785,7 +831,11 @@ class CheckpointStore:
         out = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
-            names = self._fs.list_dir(seq_dir)
+            try:
+                names = self._fs.list_dir(seq_dir)
+            except CheckpointError as ex:  # a linked folder: nothing in it is ours to delete
+                log.warning("checkpoint gc skips %s: %s", seq_dir, ex)
+                continue
             referenced: set[str] = set()
             unreadable: set[int] = set()
             any_unreadable_chain = False
@@ -829,7 +879,10 @@ class CheckpointStore:
                 self._fs.remove(path)
                 removed.append(path)
         for name in self._seq_dirs():
-            removed.extend(self._prune(self._fs.join(name)))
+            try:
+                removed.extend(self._prune(self._fs.join(name)))
+            except CheckpointError as ex:
+                log.warning("checkpoint gc skips %s: %s", name, ex)
         if removed:
             log.info("checkpoint gc under %s removed %d files", self.root, len(removed))
         return removed

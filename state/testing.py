@@ -11,9 +11,12 @@ import queue as queue_mod
 from typing import Any
 
 __all__ = [
+    "HOSTILE_CASES",
     "CommitWorkers",
     "commit_concurrently",
+    "compressed_state_file",
     "flip_bit",
+    "make_hostile_commit",
     "random_state",
     "rewrite_state_file",
     "truncate",
@@ -206,6 +209,113 @@ def rewrite_state_file(
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_batch(table)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def compressed_state_file(data: bytes, codec: str = "zstd") -> bytes:
+    """The same state file with its record batch body compressed (which linstream never
+    writes): a few KB that Arrow would decompress to the full tensor size."""
+    import pyarrow as pa
+
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_file(sink, reader.schema, options=options) as writer:
+        writer.write_batch(reader.get_batch(0))
+    return bytes(sink.getvalue().to_pybytes())
+
+
+#: What ``make_hostile_commit`` can build, and the error a reader must name for each.
+HOSTILE_CASES = {
+    "deep_manifest": "CorruptCheckpointError",
+    "huge_int_manifest": "CorruptCheckpointError",
+    "manifest_is_dir": "NotARegularFileError",
+    "data_is_dir": "NotARegularFileError",
+    "manifest_is_fifo": "NotARegularFileError",
+    "data_is_fifo": "NotARegularFileError",
+    "linked_folder": "UnsafePathError",
+    "linked_manifest": "UnsafePathError",
+    "linked_data": "UnsafePathError",
+    "compressed_bomb": "StateBoundsError",
+}
+
+
+def make_hostile_commit(root: str, st: Any, case: str, outside: str) -> list[str]:
+    """Commit ``st`` under the local store ``root``, then turn it into ``case`` (a key of
+    ``HOSTILE_CASES``).  ``outside`` is a folder outside the root that links point into (it
+    gets a valid copy of the commit, so following a link would succeed).  Returns the paths
+    a reader must name (manifest or data file, or the linked folder)."""
+    import json
+
+    import numpy as np
+
+    from .codec import decode_with_header, encode_state
+    from .sequence_state import SequenceState
+    from .store import CheckpointStore
+
+    if case == "compressed_bomb":
+        shape = (1, 1, 2048, 2048)  # 32 MiB of float64 S in a file of a few KB
+        big = SequenceState(
+            st.seq_id,
+            st.position,
+            st.next_chunk,
+            np.zeros(shape),
+            np.ones(shape[:3]),
+            st.fingerprint,
+        )
+        data = compressed_state_file(encode_state(big))
+        header = decode_with_header(encode_state(big))[1]
+        mpath, dpath = write_raw_commit(
+            root,
+            st.seq_id,
+            st.position,
+            data,
+            next_chunk=st.next_chunk,
+            fingerprint=st.fingerprint,
+            shape=shape,
+            digest=header.digest,
+        )
+        return [dpath]
+    store = CheckpointStore(root, background_prune=False)
+    store.commit(st)
+    info = store.commits(st.seq_id)[0]
+    mpath, dpath = info.manifest_path, str(info.data_path)
+    folder = os.path.dirname(mpath)
+    if case in ("linked_folder", "linked_manifest", "linked_data"):
+        CheckpointStore(outside, background_prune=False).commit(st)
+        twin = os.path.join(outside, os.path.basename(folder))
+        if case == "linked_folder":
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+            os.symlink(twin, folder)
+            return [folder]
+        path = mpath if case == "linked_manifest" else dpath
+        os.unlink(path)
+        os.symlink(os.path.join(twin, os.path.basename(path)), path)
+        return [path]
+    if case in ("deep_manifest", "huge_int_manifest"):
+        with open(mpath, "rb") as f:
+            fields = json.loads(f.read())
+        if case == "deep_manifest":
+            raw = b'{"x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+        else:
+            fields["position"] = 0  # replaced by 5,000 digits below
+            raw = (
+                json.dumps(fields).encode().replace(b'"position": 0', b'"position": ' + b"9" * 5000)
+            )
+        with open(mpath, "wb") as f:
+            f.write(raw)
+        return [mpath]
+    path = mpath if case.startswith("manifest") else dpath
+    os.unlink(path)
+    if case.endswith("_dir"):
+        os.mkdir(path)
+    elif case.endswith("_fifo"):
+        os.mkfifo(path)
+    else:
+        msg = f"unknown case {case!r}; expected one of {sorted(HOSTILE_CASES)}"
+        raise ValueError(msg)
+    return [path]
 
 
 def reseal_manifest(fields: dict[str, Any]) -> dict[str, Any]:

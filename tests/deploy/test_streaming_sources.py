@@ -177,3 +177,62 @@ def test_kafka_read_expands_through_an_expansion_service() -> None:
     read_stream_chunks(p, args, with_dead_letters=True)
     proto = p.to_runner_api()
     assert any("ReadKafka" in t.unique_name for t in proto.components.transforms.values())
+
+
+def _deep_json(depth: int) -> bytes:
+    return b'{"seq_id": "s", "chunk_index": 0, "tokens": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason", "words"),
+    [
+        (_deep_json(100_000), "undecodable_message", "nested too deeply"),
+        (
+            b'{"seq_id": "s", "chunk_index": 0, "tokens": [' + b"9" * 5000 + b"]}",
+            "undecodable_message",
+            "cannot convert",
+        ),
+        (_json(seq_id="s", chunk_index=0, tokens=[1, 2**64]), "bad_message", "64-bit"),
+        (_json(seq_id="s", chunk_index=0, tokens=[-(2**63) - 1]), "bad_message", "64-bit"),
+        (_json(seq_id="s", chunk_index=2**64, tokens=[1]), "bad_message", "64-bit"),
+        (_json(seq_id="s", chunk_index=0, features=[[10**400]]), "bad_message", "float range"),
+        (b'{"seq_id": "\\ud800", "chunk_index": 0, "tokens": [1]}', "bad_message", "UTF-8"),
+    ],
+    ids=[
+        "deep-json",
+        "5000-digit-int",
+        "token-2**64",
+        "token-below-int64",
+        "index-2**64",
+        "feature-10**400",
+        "lone-surrogate-seq-id",
+    ],
+)
+def test_hostile_json_is_a_named_bad_message(data: bytes, reason: str, words: str) -> None:
+    """RecursionError, ValueError and OverflowError never escape the decoder."""
+    with pytest.raises(BadMessage) as info:
+        decode_message(data)
+    assert info.value.reason == reason
+    assert words in info.value.message
+
+
+def test_hostile_messages_become_dead_letters_in_the_transform() -> None:
+    messages = [
+        _deep_json(100_000),
+        _json(seq_id="s", chunk_index=0, tokens=[2**64]),
+        b'{"seq_id": "s", "chunk_index": 0, "tokens": [' + b"9" * 5000 + b"]}",
+        _json(seq_id="ok", chunk_index=0, tokens=[3]),
+    ]
+    opts = PipelineOptions(["--runner=FnApiRunner"])
+    with beam.Pipeline(options=opts) as p:
+        chunks, dead = p | beam.Create(messages) | DecodeStreamMessages("bytes")
+        assert_that(
+            chunks | "C" >> beam.Map(lambda c: (c.seq_id, c.index)),
+            equal_to([("ok", 0)]),
+            label="chunks",
+        )
+        assert_that(
+            dead | "D" >> beam.Map(lambda d: d.reason),
+            equal_to(["undecodable_message", "bad_message", "undecodable_message"]),
+            label="dead letters",
+        )

@@ -3,7 +3,11 @@
 Tolerances (documented in tests/bench/RESULTS-model.md):
   float64 runtime vs float64 twin, full-sequence masked form:   |Δ| <= 1e-9 (seen 2e-13)
   float32 runtime vs float64 twin:   per-token ‖Δ‖/‖e‖ <= 2e-5 for elu+1 (seen 2e-6),
-                                     2e-4 for relu and favor+ (seen 3e-5)
+                                     2e-4 for relu and favor+ (seen 3e-5), plus, on an input
+                                     where that is exceeded, scaled by the token's layernorm
+                                     condition numbers (`normalization_condition`) plus a
+                                     first-order bound from the conditioning of q and k
+                                     (`projection_conditioning_bound`)
 """
 
 import itertools
@@ -12,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from linstream.ops import ModelConfig, get_feature_map, load_model  # noqa: E402
+from linstream.ops import ModelConfig, get_feature_map, load_model, model_runtime  # noqa: E402
 from linstream.ops.model_builtin import build  # noqa: E402
 from linstream.ops.model_runtime import EmbeddingModel  # noqa: E402
 from linstream.ops.model_torch import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
@@ -109,8 +113,107 @@ def token_error(out, ref):
     return float(np.max(num / np.maximum(np.linalg.norm(ref, axis=-1), 1e-3)))
 
 
+def token_errors(out, ref):
+    num = np.linalg.norm(np.asarray(out, np.float64) - ref, axis=-1)
+    return num / np.maximum(np.linalg.norm(ref, axis=-1), 1e-3)
+
+
+def normalization_condition(rt64, x):
+    """Per token: the product, over the model's layernorms, of their condition numbers
+    ``|x_t| / sqrt(|x_t - mean(x_t)|² + d·norm_eps)`` (rmsnorm: 1), at the float64 activations.
+
+    Centering cancels: a layernorm maps a relative input error ε to about κ·ε at its output
+    (seed 2928: d_model = 2, where the final layernorm is nearly sign(x₁ - x₂), amplifies the
+    float32 rounding of the residual stream at one token to 2.9e-5 > 2e-5).  An error that
+    reaches the output passes through each normalization at most once per layer, so the
+    product bounds the amplification to first order."""
+    kappa = np.ones(x.shape[0])
+    real_norm = model_runtime._norm
+
+    def norm(xp, xx, wb, eps):
+        if wb[1] is not None:  # layernorm
+            centred = xx - xx.mean(axis=1, keepdims=True)
+            denom = np.sqrt((centred * centred).sum(axis=1) + xx.shape[1] * eps)
+            kappa[:] *= np.maximum(np.linalg.norm(xx, axis=1) / denom, 1.0)
+        return real_norm(xp, xx, wb, eps)
+
+    model_runtime._norm = norm
+    try:
+        rt64.embed_chunk(x, None, backend="numpy")
+    finally:
+        model_runtime._norm = real_norm
+    return kappa
+
+
+def projection_conditioning_bound(rt64, x, ref):
+    """Per token: a first-order bound on how far float32 rounding of the attention's q and k
+    projections can move the output, relative to ``|ref_t|`` (as `token_errors` measures).
+
+    With eps > 0 the normalization y = φ(q)ᵀS / (φ(q)ᵀz + eps) is not scale invariant: where
+    φ(q)ᵀz is small next to eps (relu zeroes most features), y is nearly φ(q)ᵀS / eps, linear in
+    a feature φ(q)_c that can be a near-cancelled dot product q_c = x̂ᵀW_c (seed 2144867: q =
+    [-1.8, 0.0002], φ(q)ᵀz = 1.7e-4 < eps = 1e-3; the float32 rounding of x̂, 1.2e-7, moves q_c
+    by 4.5e-4 of itself and the output by 2.1e-4), and likewise φ(k)_c through S.  No float32
+    evaluation avoids it: it is the conditioning of the model at that input (the float64 model fed
+    x̂ rounded to float32 shows the same error).  Float32 computes q_c = x̂ᵀW_c to within
+    e_c = γ_n |x̂|ᵀ|W_c| (Higham, Accuracy and Stability, Thm 3.1; γ_n = n·u / (1 - n·u),
+    n = d_model + 1 to include x̂'s own rounding), and relu passes that on unchanged (it is
+    1-Lipschitz).  The float64 model says what that costs on this input: each projection
+    component (layer, q or k, head, feature) is moved by ±e_c in turn and the larger output
+    change is summed over the components (triangle inequality)."""
+    c = rt64.config
+    n = c.d_model + 1
+    u = 2.0**-24
+    gamma = n * u / (1 - n * u)
+    t = x.shape[0]
+    normed: list[np.ndarray] = []
+    real_norm, real_forward = model_runtime._norm, model_runtime._forward_chunk
+
+    def norm(xp, xx, wb, eps):
+        out = real_norm(xp, xx, wb, eps)
+        normed.append(out)
+        return out
+
+    def moving(target, sign):
+        def forward(xp, w, x_in, states, *, config, attend):
+            layers = iter(range(config.n_layers))
+
+            def att(q, k, v, s):
+                layer = next(layers)
+                if target[0] == layer:
+                    _, which, h, f = target
+                    e = gamma * (np.abs(normed[-1]) @ np.abs(w.layers[layer].w_qkv))
+                    e = e.reshape(t, 3, c.n_heads, c.d_head)[:, which, h, f]
+                    q, k = q.copy(), k.copy()
+                    (q if which == 0 else k)[:, h, f] += sign * e
+                return attend(q, k, v, s)
+
+            return real_forward(xp, w, x_in, states, config=config, attend=att)
+
+        return forward
+
+    base, _ = rt64.embed_chunk(x, None, backend="numpy")
+    total = np.zeros(t)
+    model_runtime._norm = norm
+    try:
+        for target in itertools.product(
+            range(c.n_layers), (0, 1), range(c.n_heads), range(c.d_head)
+        ):
+            moved = []
+            for sign in (1.0, -1.0):
+                model_runtime._forward_chunk = moving(target, sign)
+                out, _ = rt64.embed_chunk(x, None, backend="numpy")
+                moved.append(np.linalg.norm(out - base, axis=-1))
+            total += np.maximum(*moved)
+    finally:
+        model_runtime._norm, model_runtime._forward_chunk = real_norm, real_forward
+    return total / np.maximum(np.linalg.norm(ref, axis=-1), 1e-3)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=2144867)  # relu, φ(q)ᵀz below eps at token 8: 2.1e-4 > 2e-4 without the bound
+@example(seed=2928)  # d_model = 2 layernorm nearly sign(x₁ - x₂) at token 19: 2.9e-5 > 2e-5
 def test_runtime_over_random_splits_equals_twin_full_sequence(seed):
     rng = np.random.default_rng(seed)
     config = random_config(rng)
@@ -129,7 +232,12 @@ def test_runtime_over_random_splits_equals_twin_full_sequence(seed):
     out32, _ = run_split(rt32, x, bounds)
     assert out32.dtype == np.float32
     tol = 2e-5 if config.feature_map["name"] == "elu+1" else 2e-4
-    assert token_error(out32, ref) <= tol, (config, bounds)
+    errors = token_errors(out32, ref)
+    if errors.max() > tol:  # an ill-conditioned input: what its conditioning allows
+        kappa = normalization_condition(rt64, x)
+        bound = tol * kappa + projection_conditioning_bound(rt64, x, ref)
+        worst = int(np.argmax(errors / bound))
+        assert (errors <= bound).all(), (seed, config, bounds, worst, errors[worst], bound[worst])
 
 
 @settings(max_examples=15, deadline=None)
