@@ -294,6 +294,8 @@ def _setup_logging(verbose: int) -> None:
     progress.setLevel(logging.INFO)
     if verbose >= 2:
         logging.getLogger().setLevel(logging.INFO)
+    if verbose == 0:  # the runner logs worker failures with their tracebacks; -v shows them
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     if not progress.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))

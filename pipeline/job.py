@@ -70,6 +70,13 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def _set(args: Any, name: str, value: Any) -> None:
+    if isinstance(args, dict):
+        args[name] = value
+    else:
+        setattr(args, name, value)
+
+
 def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
     """Add read → EmbedSequences → write to `pipeline`; returns (results, dead_letters).
 
@@ -290,6 +297,10 @@ def run_embed(args: Any, beam_args: list[str] | None = None, *, log: Any = None)
     stale = remove_stale_temporaries(output)
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
+    if _get(args, "progress_every", 0) and not _get(args, "streaming", False):
+        from .text_input import input_token_total
+
+        _set(args, "total_tokens", input_token_total(args))  # for the progress line's ETA
     opts = pipeline_options(beam_args, streaming=bool(_get(args, "streaming", False)))
     pipeline = beam.Pipeline(options=opts)
     build_embed_pipeline(pipeline, args)

@@ -47,28 +47,19 @@ class Stopped(Exception):
 
 
 def _children(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc; empty elsewhere)."""
+    """Direct children of `pid`, whichever of its threads started them (Linux /proc)."""
+    out: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(c) for c in fh.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        out = []
-        try:
-            names = os.listdir("/proc")
-        except OSError:
-            return []
-        for name in names:
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            if len(fields) > 1 and int(fields[1]) == pid:
-                out.append(int(name))
         return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue
+    return out
 
 
 def kill_descendants(pid: int | None = None) -> int:
@@ -114,6 +105,8 @@ def run_stoppable(fn: Callable[[], T], poll_s: float = 0.2) -> T:
         for s, h in previous.items():
             signal.signal(s, h)
     if got:
+        # The runner's threads fail as their workers die; they are stopped, not failing.
+        threading.excepthook = lambda _args: None
         kill_descendants()
         raise Stopped(got[0])
     if "error" in box:

@@ -380,7 +380,10 @@ def read_input(pipeline: Any, args: Any) -> tuple[Any, Any]:
     if fmt == "chunks":
         from .io import ReadChunks
 
-        chunks = pipeline | "ReadChunks" >> ReadChunks(str(_get(args, "input")))
+        spec = str(_get(args, "input"))
+        if any("://" not in item and os.path.isdir(item) for item in spec.split(",")):
+            spec = ",".join(p for _, p in files if p.endswith(".parquet"))  # a folder's files
+        chunks = pipeline | "ReadChunks" >> ReadChunks(spec)
         dead = pipeline | "NoReadDeadLetters" >> beam.Create([]).with_output_types(DeadLetter)
         return chunks, dead
     column = _get(args, "tokens_column", "tokens") if fmt == "tokens-jsonl" else None
