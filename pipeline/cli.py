@@ -48,7 +48,23 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless the help already names it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or not action.option_strings
+            or action.default is argparse.SUPPRESS
+            or action.nargs == 0  # flags: --help, --version, store_true
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+_DEFAULTS = _DefaultsFormatter
 
 
 def _version() -> str:
@@ -227,7 +243,9 @@ _EMBED_DESCRIPTION = (
 
 
 def _add_embed(sub: Any, full: bool) -> None:
-    p = sub.add_parser("embed", help=_EMBED_HELP, description=_EMBED_DESCRIPTION)
+    p = sub.add_parser(
+        "embed", help=_EMBED_HELP, description=_EMBED_DESCRIPTION, formatter_class=_DEFAULTS
+    )
     if full:  # imports Beam: only when the command is `embed`
         from .job import add_embed_arguments
 
