@@ -184,6 +184,10 @@ def dead_letter_verdict(summary: JobSummary, limit: Any = None) -> str | None:
     none of its chunks was embedded); a job whose chunks all went to the dead letters; or more
     dead letters than `--max-dead-letters` (N, or P% of applied chunks + dead letters).
     """
+    if isinstance(limit, str):
+        from .options import parse_dead_letter_limit
+
+        limit = parse_dead_letter_limit(limit)
     dead, chunks = summary.dead_letters, summary.counters.get("chunks", 0)
     restore_failed = summary.counters.get("dead_letters.restore_failed", 0)
     if restore_failed:

@@ -129,6 +129,10 @@ def parse_dead_letter_limit(value: str | DeadLetterLimit) -> DeadLetterLimit:
     raise argparse.ArgumentTypeError(msg)
 
 
+def _dead_letter_limit_text(value: str) -> str:
+    return str(parse_dead_letter_limit(value))
+
+
 @dataclass(frozen=True)
 class Flag:
     """One option: `--name` (with dashes; the underscore spelling is added), its value and help."""
@@ -152,6 +156,8 @@ class Flag:
         return [dashed] if dashed == under else [dashed, under]
 
     def kwargs(self, *, for_beam: bool) -> dict[str, Any]:
+        """argparse keywords; Beam's view keeps only JSON-able values (Dataflow sends all
+        options to the workers as a JSON struct)."""
         shown = "off" if self.boolean and not self.default else self.default
         help_text = f"{self.help} (default: {shown})" if not self.required else self.help
         kw: dict[str, Any] = {"dest": self.dest, "help": help_text.replace("%", "%%")}
@@ -163,6 +169,8 @@ class Flag:
         kw["default"] = self.default
         if self.type is not None:
             kw["type"] = self.type
+        if for_beam and isinstance(self.default, DeadLetterLimit):
+            kw["default"], kw["type"] = str(self.default), _dead_letter_limit_text
         if self.choices is not None:
             kw["choices"] = list(self.choices)
         if self.metavar is not None:

@@ -111,11 +111,12 @@ def run_stoppable(fn: Callable[[], T], poll_s: float = 0.2) -> T:
         raise Stopped(got[0])
     if "error" in box:
         raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]  # set by target
+    value: T = box["value"]  # set by target
+    return value
 
 
 def _temp_dirs(output: str, depth: int = 3) -> list[str]:
-    found = []
+    found: list[str] = []
     if not os.path.isdir(output):
         return found
     for name in os.listdir(output):

@@ -206,3 +206,62 @@ def test_a_stale_temporary_folder_is_removed_and_said(tmp_path, tiny_model_path)
     assert "removed 3 stale temporary folder(s) left under out by a stopped job" in proc.stderr
     left = [p for p in (tmp_path / "out").rglob("*") if "temp" in p.name]
     assert left == []
+
+
+def test_linstream_options_read_both_spellings_and_stay_json():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from linstream.pipeline.options import LinstreamOptions
+
+    argv = ["--checkpoint_dir=gs://b/c", "--resume=true", "--chunk-tokens=512", "--streaming"]
+    opts = PipelineOptions(argv).view_as(LinstreamOptions)
+    assert (opts.checkpoint_dir, opts.resume, opts.chunk_tokens) == ("gs://b/c", True, 512)
+    assert (
+        PipelineOptions(["--checkpoint-dir", "x"]).view_as(LinstreamOptions).checkpoint_dir == "x"
+    )
+    everything = PipelineOptions([*argv, "--max_dead_letters=5%"]).get_all_options()
+    assert everything["max_dead_letters"] == "5%"
+    json.dumps(everything)  # Dataflow ships all options to the workers as JSON
+
+
+def test_progress_line_shows_total_rate_and_eta():
+    from linstream.pipeline.progress import Progress
+
+    now = [100.0]
+    lines: list[str] = []
+    p = Progress(10.0, total_tokens=10_000, clock=lambda: now[0], log=lines.append)
+    now[0] = 105.0
+    p.add(1000)  # 5 s: not yet
+    now[0] = 110.0
+    p.add(1000)  # 2000 tokens in 10 s: 200 tokens/s, 8000 left: 40 s
+    assert lines == ["linstream: 2,000 / 10,000 tokens (20.0%) in 2 chunks, 200 tokens/s, ETA 40 s"]
+    assert Progress(None).line().startswith("linstream: 0 tokens in 0 chunks")
+
+
+def test_a_cold_numba_cache_is_announced_before_the_first_kernel_call(tmp_path, tiny_model_path):
+    import signal
+    import time
+
+    from _cli_helpers import start
+
+    write_texts(tmp_path / "in", {"a.txt": "abc" * 50})
+    proc = start(
+        "embed",
+        "--input",
+        "in",
+        "--output",
+        "out",
+        "--model",
+        tiny_model_path,
+        "--backend",
+        "numba",
+        cwd=tmp_path,
+        env={"NUMBA_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert proc.stderr is not None
+    t0 = time.monotonic()
+    line = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)  # no need to wait for the compile
+    _out, err = proc.communicate(timeout=120)
+    assert line.startswith("linstream embed: compiling the Numba kernels for this machine"), line
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode in (0, 143) and "Traceback" not in err, err
