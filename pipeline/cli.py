@@ -10,6 +10,7 @@ no Beam (the embed parser is only built for `linstream embed`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
@@ -179,7 +180,11 @@ def _check_beam_args(rest: list[str]) -> None:
 
     from . import options as _options  # registers LinstreamOptions' spellings
 
-    parser = _BeamArgumentParser(allow_abbrev=False)
+    class _Quiet(_BeamArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise _Usage(message)
+
+    parser = _Quiet(allow_abbrev=False)
     seen: dict[str, type] = {}
     for cls in PipelineOptions.__subclasses__():
         seen.setdefault(str(cls), cls)
@@ -304,7 +309,21 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def _setup_logging(verbose: int) -> None:
+_LOGGERS = ("", "linstream", "linstream.progress", "apache_beam")
+
+
+class _StderrHandler(logging.Handler):
+    """The bare message on whatever `sys.stderr` is at the time (progress lines)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed stream: nowhere to show it
+            print(record.getMessage(), file=sys.stderr, flush=True)
+
+
+def _setup_logging(verbose: int) -> dict[str, int]:
+    """Set the log levels for this command; returns the previous ones (restored at the end, so
+    that `main()` called in a process of its own leaves its logging as it found it)."""
+    before = {name: logging.getLogger(name).level for name in _LOGGERS}
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("linstream").setLevel(level)
@@ -314,11 +333,10 @@ def _setup_logging(verbose: int) -> None:
         logging.getLogger().setLevel(logging.INFO)
     if verbose == 0:  # the runner logs worker failures with their tracebacks; -v shows them
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    if not progress.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        progress.addHandler(handler)
+    if not any(isinstance(h, _StderrHandler) for h in progress.handlers):
+        progress.addHandler(_StderrHandler())
         progress.propagate = False
+    return before
 
 
 _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LookupError)
@@ -350,7 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     if rest and args.command not in ("embed", "demo"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     verbose = int(getattr(args, "verbose", 0) or 0)
-    _setup_logging(verbose)
+    levels = _setup_logging(verbose)
+    try:
+        return _run(args, rest, argv, verbose)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _run(args: argparse.Namespace, rest: list[str], argv: list[str], verbose: int) -> int:
     args.argv = [a for a in argv if a not in ("-v", "-vv", "--verbose")]
     prog = f"{_PROG} {args.command}"
     try:

@@ -80,21 +80,46 @@ def test_version_and_help_show_every_default():
         (["embed", "--input", "in", "--output", "o", "--chunk-tokens", "-1"], "whole number >= 1"),
         (["embed", "--input", "in", "--output", "o", "--max-dead-letters", "x"], "none, a count"),
         (["embed", "--input", "in"], "the following arguments are required: --output"),
+        (["embed", "--input", "in", "--output", "o", "--direct_num_workers"], "expected one arg"),
         (["checkpoint", "inspect", "nowhere"], "no checkpoint store at nowhere"),
         (["sample", "--output", "o", "--bogus"], "unrecognized arguments: --bogus"),
         (["embed", "--input", "in/bad.parquet", "--output", "o"], "not a readable Parquet file"),
     ],
 )
-def test_user_errors_are_one_line_and_exit_2(tmp_path, argv, expected):
+def test_user_errors_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, expected):
+    """In-process `main(argv)` (the script's entry point), stderr as the user sees it."""
+    from linstream.pipeline.cli import main
+
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("hello")
     (tmp_path / "in" / "bad.parquet").write_bytes(b"not parquet")
-    proc = linstream(*argv, cwd=tmp_path)
-    line = one_error_line(proc)
-    assert proc.returncode == 2, proc.stderr
-    assert expected in line, line
-    assert line.startswith("linstream"), line
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = main(argv)
+    except SystemExit as ex:  # argparse's own errors leave through sys.exit
+        rc = ex.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert expected in lines[0] and lines[0].startswith("linstream"), lines[0]
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["embed", "--input", "missing/", "--output", "o"], "missing/: no such file or folder"),
+        (["embed", "--input", "in", "--output", "o", "--checkpoint_dirr", "c"], "did you mean"),
+        (["embed", "--input", "in", "--output", "o", "--chunk-tokens", "0"], "whole number"),
+    ],
+)
+def test_the_installed_command_refuses_with_one_line(tmp_path, argv, expected):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("hello")
+    proc = linstream(*argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in one_error_line(proc)
 
 
 def test_no_gpu_for_cupy_is_a_usage_error(tmp_path):
