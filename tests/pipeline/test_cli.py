@@ -290,3 +290,39 @@ def test_a_cold_numba_cache_is_announced_before_the_first_kernel_call(tmp_path, 
     assert line.startswith("linstream embed: compiling the Numba kernels for this machine"), line
     assert time.monotonic() - t0 < 60
     assert proc.returncode in (0, 143) and "Traceback" not in err, err
+
+
+def test_a_restore_failed_dead_letter_exits_3(tmp_path, tiny_model_path):
+    """A sequence whose newest checkpoint is corrupt cannot continue: its chunks are dead
+    letters (restore_failed) and the job exits 3 even with no --max-dead-letters."""
+    from linstream.pipeline.io import write_chunk_file
+    from linstream.pipeline.sample import sample_chunks
+
+    chunks = sample_chunks(1, 512, 64, seed=3, vocab_size=256)
+    write_chunk_file(str(tmp_path / "a.parquet"), [c for c in chunks if c.index < 4])
+    write_chunk_file(str(tmp_path / "b.parquet"), [c for c in chunks if c.index >= 4])
+    common = ["--model", tiny_model_path, "--backend", "numpy", "--checkpoint-dir", "ckpt"]
+    first = linstream(
+        "embed",
+        "--input",
+        "a.parquet",
+        "--output",
+        "o1",
+        *common,
+        "--checkpoint-every",
+        "2",
+        cwd=tmp_path,
+    )
+    assert first.returncode == 0, first.stderr
+    data = sorted((tmp_path / "ckpt").rglob("*.arrow"))
+    assert data, "no checkpoint data file was written"
+    newest = data[-1]
+    raw = bytearray(newest.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the tensor data
+    newest.write_bytes(bytes(raw))
+    second = linstream(
+        "embed", "--input", "b.parquet", "--output", "o2", *common, "--resume", cwd=tmp_path
+    )
+    assert second.returncode == 3, (second.stdout, second.stderr)
+    assert "restore_failed" in second.stdout
+    assert "went to the dead letters as restore_failed" in one_error_line(second)
