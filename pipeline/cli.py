@@ -123,9 +123,29 @@ def _resume_command(args: argparse.Namespace) -> str:
     return shlex.join([_PROG, *argv])
 
 
-def _report_stop(args: argparse.Namespace, signame: str) -> None:
+_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
+
+
+def _runner_of(rest: list[str]) -> str:
+    for i, a in enumerate(rest):
+        if a.startswith("--runner="):
+            return a.split("=", 1)[1]
+        if a == "--runner" and i + 1 < len(rest):
+            return rest[i + 1]
+    return "FnApiRunner"
+
+
+def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> None:
     from .stopping import remove_stale_temporaries, result_files
 
+    runner = _runner_of(rest)
+    if runner.rsplit(".", 1)[-1] not in _LOCAL_RUNNERS:
+        print(
+            f"linstream embed: stopped by {signame}: stopped waiting; the job goes on running on "
+            f"{runner} (cancel it there)",
+            file=sys.stderr,
+        )
+        return
     output = str(args.output).rstrip("/")
     removed = remove_stale_temporaries(output)
     local = "://" not in output
@@ -149,7 +169,7 @@ def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         summary = run_stoppable(lambda: run_embed(args, rest, log=_note))
     except Stopped as stop:
-        _report_stop(args, str(stop))
+        _report_stop(args, str(stop), rest)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped
