@@ -1,30 +1,32 @@
 """The stateful stage shared by every transform: order chunks, carry the state, checkpoint it.
 
 Per sequence id (the key) Beam holds:
-  * `state`  — the SequenceState in its Arrow form (read-modify-write state, explicit bytes coder);
-  * `buffer` — chunks that arrived before their predecessors (bag state; bounded);
-  * `meta`   — a few integers: final chunk index, chunk index at the last commit, buffered count,
-    whether the state was evicted to the store, and the idle timer's target.
+  * `state`   — the SequenceState's working copy (state/compact.py: rewritten after every
+    chunk, so not the Arrow checkpoint codec; read-modify-write, explicit bytes coder);
+  * `meta`    — a few integers (ordering.Meta): final chunk, last commit (number, chunk,
+    position), buffered count, flags (evicted to the store, seen, fenced), the idle timer;
+  * `digests` — content digests of the newest applied chunks (ordering.DigestWindow);
+  * `bufidx`  — numbers and digests of the chunks waiting in `buffer` (ordering.BufferIndex);
+  * `buffer`  — chunks that arrived before their predecessors (bag; read only to drain);
+  * `outbuf`  — results since the last commit, when the commits write the outputs (bag);
+  * `outsum`  — with emit="sequence": the float64 sum of the per-token outputs so far.
 Chunk i is applied only after 0..i-1.  Every `checkpoint_every` chunks and at the final chunk the
-state is committed to the CheckpointStore.  An event-time timer fires when a sequence has been
-idle for `idle_timeout` seconds of event time (at the end of input in a batch job): it commits what
-is uncommitted, dead-letters chunks still waiting behind a gap, and clears the Beam state; the
-sequence is restored from the store when it returns.
+state is committed to the CheckpointStore as the next commit of the sequence's chain, together
+with the output span of the chunks it covers (spans.py) when `output_dir` is set.  An event-time
+timer fires when a sequence has been idle for `idle_timeout` seconds of event time (at the end of
+input in a batch job): it dead-letters chunks still waiting behind a gap, commits what is
+uncommitted and clears the Beam state; the sequence is restored from the store when it returns.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-import sys
-import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.coders import BytesCoder
-from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
     BagStateSpec,
@@ -36,110 +38,31 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, 
 from linstream.state import (
     CheckpointError,
     CheckpointStore,
+    CommitOutcome,
+    DivergentStateError,
+    History,
     SequenceState,
-    decode_state,
-    encode_state,
+    pack_state,
+    unpack_state,
 )
 
-from .elements import Chunk, ChunkCoder, ChunkResult, DeadLetter
+from .apply import Applied, Applier, Counters, Progress, is_int
+from .elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder, DeadLetter
+from .ordering import BufferIndex, DigestWindow, Meta, chunk_digest
+from .spans import SpanWriter
 from .steps import BadInput, ChunkStep
 
-__all__ = ["DEAD_LETTERS", "EMIT_MODES", "SequenceDoFn"]
+__all__ = ["DEAD_LETTERS", "EMIT_MODES", "NAMESPACE", "SequenceDoFn"]
 
 DEAD_LETTERS = "dead_letters"
-EMIT_MODES = ("tokens", "mean", "last")
+#: tokens: one vector per token; mean / last: one per chunk; sequence: one per finished sequence
+#: (the mean over all its tokens, from a running sum carried with the state).
+EMIT_MODES = ("tokens", "mean", "last", "sequence")
 NAMESPACE = "linstream"
+#: Chunks read from the bag into memory at once while draining (payload bytes bound it too).
+DRAIN_BYTES = 64 << 20
 
 _log = logging.getLogger(__name__)
-
-# final_index, committed_next, n_buffered, flags (1: evicted, 2: seen), timer target (micros)
-_META = struct.Struct("<qqqBq")
-
-
-class _Meta:
-    __slots__ = ("committed_next", "evicted", "final_index", "n_buffered", "seen", "timer_micros")
-
-    def __init__(self, raw: bytes | None) -> None:
-        if raw:
-            fi, cn, nb, ev, tm = _META.unpack(raw)
-        else:
-            fi, cn, nb, ev, tm = -1, -1, 0, 0, MIN_TIMESTAMP.micros
-        self.final_index, self.committed_next, self.n_buffered = fi, cn, nb
-        self.evicted, self.seen, self.timer_micros = bool(ev & 1), bool(ev & 2), tm
-
-    def pack(self) -> bytes:
-        return _META.pack(
-            self.final_index,
-            self.committed_next,
-            self.n_buffered,
-            (1 if self.evicted else 0) | (2 if self.seen else 0),
-            self.timer_micros,
-        )
-
-
-def _all_finite(out: Any, layers: Any) -> bool:
-    return bool(np.isfinite(out).all()) and all(
-        bool(np.isfinite(a.S).all() and np.isfinite(a.z).all()) for a in layers
-    )
-
-
-class _Counters:
-    def __init__(self) -> None:
-        c = lambda name: Metrics.counter(NAMESPACE, name)  # noqa: E731
-        self.chunks = c("chunks")
-        self.tokens = c("tokens")
-        self.duplicates = c("duplicates")
-        self.buffered = c("buffered")
-        self.gaps = c("gaps")
-        self.dead_letters = c("dead_letters")
-        self.commits = c("commits")
-        self.commit_duplicates = c("commit_duplicates")
-        self.commit_equal_within_tolerance = c("commit_equal_within_tolerance")
-        self.restores = c("restores")
-        self.evictions = c("evictions")
-        self.kernel_time = Metrics.distribution(NAMESPACE, "kernel_time_us")
-        self._by_reason: dict[str, Any] = {}
-
-    def dead(self, reason: str) -> None:
-        self.dead_letters.inc()
-        if reason not in self._by_reason:
-            self._by_reason[reason] = Metrics.counter(NAMESPACE, f"dead_letters.{reason}")
-        self._by_reason[reason].inc()
-
-
-class _Progress:
-    """Logs tokens done and tokens/s on this worker every `every_s` seconds."""
-
-    def __init__(self, every_s: float | None) -> None:
-        self.every_s = every_s
-        self.start = time.monotonic()
-        self.last = self.start
-        self.tokens = 0
-        self.chunks = 0
-
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
-        self.chunks += 1
-        if self.every_s is None:
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            rate = self.tokens / max(now - self.start, 1e-9)
-            print(
-                f"linstream: {self.tokens:,} tokens in {self.chunks:,} chunks, "
-                f"{rate:,.0f} tokens/s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _emit(out: np.ndarray, mode: str) -> np.ndarray:
-    if mode == "mean":
-        return np.asarray(out.mean(axis=0, dtype=np.float64), dtype=out.dtype)
-    if mode == "last":
-        return np.ascontiguousarray(out[-1])
-    return out
 
 
 class SequenceDoFn(beam.DoFn):
@@ -147,7 +70,11 @@ class SequenceDoFn(beam.DoFn):
 
     STATE = ReadModifyWriteStateSpec("state", BytesCoder())
     META = ReadModifyWriteStateSpec("meta", BytesCoder())
+    DIGESTS = ReadModifyWriteStateSpec("digests", BytesCoder())
+    BUFIDX = ReadModifyWriteStateSpec("bufidx", BytesCoder())
     BUFFER = BagStateSpec("buffer", ChunkCoder())
+    OUTBUF = BagStateSpec("outbuf", ChunkResultCoder())
+    OUTSUM = ReadModifyWriteStateSpec("outsum", BytesCoder())
     IDLE = TimerSpec("idle", TimeDomain.WATERMARK)
 
     def __init__(
@@ -158,11 +85,14 @@ class SequenceDoFn(beam.DoFn):
         checkpoint_every: int = 16,
         checkpoint_keep: int = 2,
         resume: bool = False,
-        max_buffered_chunks: int = 64,
+        max_buffered_chunks: int | None = None,
         idle_timeout: float = 300.0,
         emit: str = "tokens",
         progress_every_s: float | None = None,
         restore_fallback: bool = False,
+        output_dir: str | None = None,
+        max_chunk_tokens: int = 1 << 20,
+        block_tokens: int = 8192,
     ) -> None:
         if emit not in EMIT_MODES:
             msg = f"emit must be one of {EMIT_MODES}, got {emit!r}"
@@ -170,110 +100,202 @@ class SequenceDoFn(beam.DoFn):
         if checkpoint_every < 1:
             msg = f"checkpoint_every must be >= 1, got {checkpoint_every}"
             raise ValueError(msg)
-        if max_buffered_chunks < 0:
-            msg = f"max_buffered_chunks must be >= 0, got {max_buffered_chunks}"
+        if max_buffered_chunks is not None and max_buffered_chunks < 0:
+            msg = f"max_buffered_chunks must be >= 0 or None, got {max_buffered_chunks}"
             raise ValueError(msg)
         if resume and not checkpoint_dir:
             msg = "resume=True needs a checkpoint_dir to resume from"
+            raise ValueError(msg)
+        if output_dir and not checkpoint_dir:
+            msg = "output_dir (outputs written with the commits) needs a checkpoint_dir"
+            raise ValueError(msg)
+        if max_chunk_tokens < 1 or block_tokens < 1:
+            msg = (
+                "max_chunk_tokens and block_tokens must be >= 1, got "
+                f"{max_chunk_tokens} and {block_tokens}"
+            )
             raise ValueError(msg)
         self.step = step
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = int(checkpoint_every)
         self.checkpoint_keep = int(checkpoint_keep)
         self.resume = bool(resume)
-        self.max_buffered_chunks = int(max_buffered_chunks)
+        self.max_buffered_chunks = max_buffered_chunks
         self.idle_timeout = float(idle_timeout)
         self.emit = emit
         self.progress_every_s = progress_every_s
         # Falling back past a corrupt newest commit is the caller's explicit choice (logged by
         # the store); without it the sequence's chunks go to the dead letters (restore_failed).
         self.restore_fallback = bool(restore_fallback)
+        self.output_dir = output_dir
+        self.max_chunk_tokens = int(max_chunk_tokens)
+        self.block_tokens = int(block_tokens)
         self._store: CheckpointStore | None = None
-        self._m: _Counters | None = None
-        self._progress: _Progress | None = None
+        self._spans: SpanWriter | None = None
+        self._m: Counters | None = None
+        self._applier: Applier | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self) -> None:
         self.step.setup()
         if self.checkpoint_dir:
             self._store = CheckpointStore(self.checkpoint_dir, keep=self.checkpoint_keep)
-        self._m = _Counters()
-        self._progress = _Progress(self.progress_every_s)
+        if self.output_dir:
+            self._spans = SpanWriter(self.output_dir, per_token=self.emit == "tokens")
+        self._m = Counters(NAMESPACE)
 
     @property
-    def m(self) -> _Counters:
+    def m(self) -> Counters:
         if self._m is None:
-            self._m = _Counters()
+            self._m = Counters(NAMESPACE)
         return self._m
+
+    @property
+    def applier(self) -> Applier:
+        if self._applier is None:
+            self._applier = Applier(
+                self.step,
+                self.m,
+                Progress(self.progress_every_s),
+                emit=self.emit,
+                max_chunk_tokens=self.max_chunk_tokens,
+                block_tokens=self.block_tokens,
+            )
+        return self._applier
+
+    def teardown(self) -> None:
+        if self._store is not None:
+            self._store.close()
 
     # -- helpers ----------------------------------------------------------------------------
     def _dead(self, seq_id: str, index: Any, reason: str, message: str) -> beam.pvalue.TaggedOutput:
         self.m.dead(reason)
-        idx = int(index) if _is_int(index) else None
+        idx = int(index) if is_int(index) else None
         if idx is None:
             message = f"{message} (chunk index {index!r})"
         text = f"sequence {seq_id!r}, chunk {index!r}: {message}"
         return beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(seq_id, idx, reason, text))
 
-    def _load(self, seq_id: str, raw: bytes | None, meta: _Meta) -> SequenceState | None:
-        """The sequence's state: from Beam state, else restored from the store, else None."""
-        if raw is not None:
-            return decode_state(raw, expected_fingerprint=self.step.fingerprint)
-        if self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
-            st = self._store.restore(
-                seq_id, fingerprint=self.step.fingerprint, fallback=self.restore_fallback
+    def _restore(self, seq_id: str, data: Any, meta: Meta, cells: _Cells) -> SequenceState | None:
+        """Restore from the store (first sight with resume, or after eviction)."""
+        assert self._store is not None
+        head = self._store.head(
+            seq_id,
+            fingerprint=self.step.fingerprint,
+            fallback=self.restore_fallback,
+            expected_shape=self.step.state_shape(data),
+        )
+        if head is not None and meta.evicted and head.newest_commit != meta.commit_no:
+            msg = (
+                f"sequence {seq_id!r} was evicted after its commit {meta.commit_no}, but the "
+                f"newest commit in {self.checkpoint_dir!r} is {head.history.commit}: another job "
+                "advanced it (one writer per sequence history)"
             )
-            if st is not None and meta.evicted and st.next_chunk != meta.committed_next:
-                msg = (
-                    f"sequence {seq_id!r} was evicted after committing chunk "
-                    f"{meta.committed_next - 1}, but the newest checkpoint in "
-                    f"{self.checkpoint_dir!r} continues after chunk {st.next_chunk - 1}: another "
-                    "job wrote to this checkpoint directory (use a fresh one, or --resume)"
-                )
-                raise CheckpointError(msg)
-            if st is not None:
-                self.m.restores.inc()
-                return st
+            raise CheckpointError(msg)
+        if head is None:
             if meta.evicted:
                 msg = (
                     f"sequence {seq_id!r} was evicted to the checkpoint store "
                     f"{self.checkpoint_dir!r}, but no checkpoint of it could be restored"
                 )
                 raise CheckpointError(msg)
-        return None
-
-    def _commit(self, st: SequenceState, meta: _Meta) -> SequenceState:
-        if self._store is None or meta.committed_next == st.next_chunk:
-            return st
-        try:
-            outcome = self._store.commit(st)
-        except CheckpointError as ex:
-            msg = (
-                f"sequence {st.seq_id!r}, chunk {st.next_chunk - 1}: checkpoint commit to "
-                f"{self.checkpoint_dir!r} failed: {ex}.  A checkpoint directory left by a job "
-                "over other data is not resumable with this input: use --resume to continue "
-                "it or a fresh --checkpoint-dir"
-            )
-            raise CheckpointError(msg) from ex
-        self.m.commits.inc()
+            return None
+        self._finalize_outputs(head.history)
+        if self._spans is not None:
+            self._spans.remove_orphans(seq_id)
+            for _path, skipped in head.skipped:  # rolled back: their chunks are applied again
+                if skipped is not None and skipped.history and skipped.history.outputs:
+                    self._spans.remove_published(skipped.history.outputs)
+        st = head.state
+        # After a fallback the next commit goes above the unreadable ones (newest_commit).
+        meta.commit_no = max(head.history.commit, head.newest_commit)
         meta.committed_next = st.next_chunk
-        if outcome == "duplicate":
-            self.m.commit_duplicates.inc()
-        elif outcome == "equal_within_tolerance":
-            # A retried bundle computed the same state up to the last bits: continue from the
-            # state already committed so that every later commit extends the same history.
-            self.m.commit_equal_within_tolerance.inc()
-            kept = self._store.restore(st.seq_id, fingerprint=self.step.fingerprint)
-            if kept is not None and kept.next_chunk == st.next_chunk:
-                return kept
+        meta.committed_position = st.position
+        meta.final_index = head.history.final_chunk
+        cells.digests.write(head.history.digests)
+        if head.history.output_sum:
+            cells.outsum.write(head.history.output_sum)
+        self.m.restores.inc()
         return st
 
-    def _set_timer(self, timer: Any, meta: _Meta, ts: Timestamp) -> None:
+    def _finalize_outputs(self, history: History) -> None:
+        """Roll a commit's output span forward (publish it if a crash stopped that)."""
+        if self._spans is None or history.outputs is None:
+            return
+        if not self._spans.publish(history.outputs):
+            self.m.outputs_missing.inc()
+            _log.warning(
+                "the outputs of commit %d (%s) are missing: neither the file nor its pending "
+                "copy holds them",
+                history.commit,
+                history.outputs.file,
+            )
+
+    def _commit(
+        self, seq_id: str, st: SequenceState, meta: Meta, cells: _Cells
+    ) -> Iterator[beam.pvalue.TaggedOutput | SequenceState]:
+        """Commit ``st`` (and its output span); yields dead letters, then the state to go on."""
+        if self._store is None or meta.committed_next == st.next_chunk:
+            yield st
+            return
+        span = None
+        if self._spans is not None:
+            results = list(cells.outbuf.read())
+            if results:
+                span = self._spans.write_pending(seq_id, results)
+        history = History(
+            meta.commit_no + 1,
+            meta.committed_position,
+            meta.final_index if 0 <= meta.final_index < st.next_chunk else -1,
+            cells.window.data,
+            span,
+            (cells.outsum.read() or b"") if self.emit == "sequence" else b"",
+        )
+        try:
+            outcome = self._store.commit(st, history)
+        except DivergentStateError as ex:  # another job advanced it, or another model's state
+            if span is not None:
+                self._spans.discard(span)  # type: ignore[union-attr]
+            meta.fenced = True
+            first = max(meta.committed_next, 0)
+            for i in range(first, st.next_chunk):
+                yield self._dead(
+                    seq_id,
+                    i,
+                    "fenced",
+                    f"{ex}; this job's output for the chunk is not kept. Resume with "
+                    "--resume after the other job ends, or use a fresh checkpoint folder",
+                )
+            yield st
+            return
+        self.m.commits.inc()
+        if outcome == CommitOutcome.COMMITTED:
+            if span is not None:
+                self._spans.publish(span)  # type: ignore[union-attr]
+        else:
+            # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
+            if span is not None:
+                self._spans.discard(span)  # type: ignore[union-attr]
+            kept = self._store.read_chain(seq_id, history.commit, fingerprint=self.step.fingerprint)
+            self._finalize_outputs(kept.history)
+            if outcome == CommitOutcome.DUPLICATE:
+                self.m.commit_duplicates.inc()
+            else:
+                self.m.commit_equal_within_tolerance.inc()
+                st = kept.state
+        meta.commit_no, meta.committed_next = history.commit, st.next_chunk
+        meta.committed_position = st.position
+        cells.outbuf.clear()
+        yield st
+
+    def _set_timer(self, timer: Any, meta: Meta, ts: Timestamp) -> None:
         target = ts + Duration.of(self.idle_timeout) if ts < MAX_TIMESTAMP else MAX_TIMESTAMP
         target = min(target, MAX_TIMESTAMP)
         if target.micros > meta.timer_micros:
+            # Only when the target moves: a batch job's elements all carry one timestamp, and
+            # setting the same timer again per element costs the runner per element.
             meta.timer_micros = target.micros
-        timer.set(Timestamp(micros=meta.timer_micros))
+            timer.set(Timestamp(micros=meta.timer_micros))
 
     # -- elements ---------------------------------------------------------------------------
     def process(
@@ -282,13 +304,17 @@ class SequenceDoFn(beam.DoFn):
         ts: Any = beam.DoFn.TimestampParam,
         state: Any = beam.DoFn.StateParam(STATE),  # noqa: B008
         meta_state: Any = beam.DoFn.StateParam(META),  # noqa: B008
+        digests: Any = beam.DoFn.StateParam(DIGESTS),  # noqa: B008
+        bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
+        outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
+        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
         idle: Any = beam.DoFn.TimerParam(IDLE),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id, chunk = element
         idx = chunk.index
         # 1. What can be judged from the chunk alone.
-        if not _is_int(idx):
+        if not is_int(idx):
             yield self._dead(seq_id, idx, "bad_index", "expected an integer chunk index")
             return
         idx = int(idx)
@@ -300,22 +326,35 @@ class SequenceDoFn(beam.DoFn):
         except BadInput as bad:
             yield self._dead(seq_id, idx, bad.reason, bad.message)
             return
+        digest = chunk_digest(data, chunk.final)
 
         # 2. Where the sequence stands.
-        meta = _Meta(meta_state.read())
+        meta = Meta(meta_state.read())
+        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
+        if meta.fenced:
+            yield self._dead(
+                seq_id, idx, "fenced", "another job advanced this sequence; this job stopped it"
+            )
+            return
         raw = state.read()
+        st: SequenceState | None
         try:
-            st = self._load(seq_id, raw, meta)
+            if raw is not None:
+                st = unpack_state(raw, expected_fingerprint=self.step.fingerprint)
+            elif self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
+                st = self._restore(seq_id, data, meta, cells)
+                if st is not None:
+                    state.write(pack_state(st))  # restore once per return of the sequence
+            else:
+                st = None
         except CheckpointError as ex:
             yield self._dead(seq_id, idx, "restore_failed", str(ex))
             return
-        restored = raw is None and st is not None
-        meta.seen = True
-        wrote = yield from self._order(seq_id, idx, chunk, data, st, meta, state, buffer)
-        if restored and not wrote and st is not None:
-            state.write(encode_state(st))  # keep the restored state: restore once per return
-        if restored:
-            meta.evicted = False
+        except (ValueError, TypeError) as ex:  # the payload has no valid state shape
+            yield self._dead(seq_id, idx, "bad_shape", f"{type(ex).__name__}: {ex}")
+            return
+        meta.seen, meta.evicted = True, False
+        yield from self._order(seq_id, idx, chunk.final, data, digest, st, meta, cells)
         self._set_timer(idle, meta, ts)
         meta_state.write(meta.pack())
 
@@ -323,40 +362,37 @@ class SequenceDoFn(beam.DoFn):
         self,
         seq_id: str,
         idx: int,
-        chunk: Chunk,
+        final: bool,
         data: Any,
+        digest: bytes,
         st: SequenceState | None,
-        meta: _Meta,
-        state: Any,
-        buffer: Any,
-    ) -> Generator[Any, None, bool]:
-        """Buffer, drop or apply one valid chunk; returns whether it wrote the Beam state."""
+        meta: Meta,
+        cells: _Cells,
+    ) -> Iterator[Any]:
+        """Drop, buffer or apply one valid chunk."""
         next_chunk = 0 if st is None else st.next_chunk
-        done = meta.final_index >= 0 and next_chunk > meta.final_index
-
         if meta.final_index >= 0 and idx > meta.final_index:
-            yield self._dead(
-                seq_id,
-                idx,
-                "after_final",
-                f"expected no chunk after the final chunk {meta.final_index}",
-            )
-            return False
-        if chunk.final and meta.final_index >= 0 and idx != meta.final_index and not done:
+            yield self._after_final(seq_id, idx, meta.final_index)
+            return
+        if final and meta.final_index >= 0 and idx != meta.final_index:
             yield self._dead(
                 seq_id,
                 idx,
                 "after_final",
                 f"chunk {idx} is marked final, but chunk {meta.final_index} already was",
             )
-            return False
+            return
         if idx < next_chunk:
-            self.m.duplicates.inc()
-            return False
-
+            yield from self._duplicate(seq_id, idx, digest, cells.window.get(idx, next_chunk))
+            return
+        index = cells.index
         if idx > next_chunk:
-            # 3a. Early: buffer it (bounded) until its predecessors arrive.
-            if idx - next_chunk > self.max_buffered_chunks:
+            # Early: buffer it until its predecessors arrive (bounded only if asked).
+            seen = index.find(idx)
+            if seen is not None:
+                yield from self._duplicate(seq_id, idx, digest, seen)
+                return
+            if self.max_buffered_chunks is not None and idx - next_chunk > self.max_buffered_chunks:
                 yield self._dead(
                     seq_id,
                     idx,
@@ -365,124 +401,143 @@ class SequenceDoFn(beam.DoFn):
                     f"(next to apply is {next_chunk}, at most {self.max_buffered_chunks} "
                     "chunks are buffered ahead of it)",
                 )
-                return False
-            if meta.n_buffered and any(c.index == idx for c in buffer.read()):
-                self.m.duplicates.inc()
-                return False
-            buffer.add(Chunk(seq_id, idx, chunk.data, chunk.final))
-            meta.n_buffered += 1
-            self.m.buffered.inc()
-            if meta.n_buffered == 1:
+                return
+            cells.buffer.add(Chunk(seq_id, idx, data, final))
+            if not len(index):
                 self.m.gaps.inc()  # a gap opened: chunk `next_chunk` is missing for now
-            if chunk.final:
+            index.add(idx, digest)
+            meta.n_buffered = len(index)
+            self.m.buffered.inc()
+            if final:
                 meta.final_index = idx
-                yield from self._drop_after_final(seq_id, idx, meta, buffer)
-            return False
+                for late in index.above(idx):
+                    yield self._after_final(seq_id, int(late), idx)
+                index.rows = index.rows[index.rows["index"] <= idx]
+                meta.n_buffered = len(index)
+            cells.save_index()
+            return
+        # In order: apply it, then whatever the buffer holds right behind it.
+        yield from self._apply_run(seq_id, [(idx, data, final, digest)], st, meta, cells)
 
-        # 3b. In order: apply it, then whatever the buffer holds right behind it.
-        ready: list[tuple[int, Any, bool]] = [(idx, data, chunk.final)]
-        pending: list[Chunk] = []
-        if meta.n_buffered:
-            pending = sorted(buffer.read(), key=lambda c: int(c.index))
-        changed = False
-        while ready:
-            cidx, cdata, cfinal = ready.pop()
-            try:
-                start_st = (
-                    st
-                    if st is not None
-                    else SequenceState.initial(
-                        seq_id,
-                        self.step.state_shape(cdata),
-                        self.step.fingerprint,
-                        dtype=self.step.state_dtype,
-                    )
-                )
-            except (ValueError, TypeError) as ex:  # e.g. a zero-sized head or width
-                yield self._dead(seq_id, cidx, "bad_shape", f"{type(ex).__name__}: {ex}")
-                break
-            st = start_st
-            try:
-                t0 = time.perf_counter()
-                out, layers = self.step.apply(cdata, st.layers())
-                self.m.kernel_time.update(int((time.perf_counter() - t0) * 1e6))
-            except BadInput as bad:
-                yield self._dead(seq_id, cidx, bad.reason, bad.message)
-                break
-            except (ValueError, TypeError, FloatingPointError) as ex:
-                yield self._dead(seq_id, cidx, "compute_error", f"{type(ex).__name__}: {ex}")
-                break
-            if not _all_finite(out, layers):
-                # Finite inputs can still overflow (values near the float range): the chunk is
-                # refused and the sequence keeps the state it had before it.
-                yield self._dead(
-                    seq_id,
-                    cidx,
-                    "non_finite",
-                    "expected finite outputs and state, but the chunk's result overflowed to "
-                    "Inf or NaN (inputs too large)",
-                )
-                break
-            n = self.step.tokens(cdata)
-            start = st.position
-            st = SequenceState.from_layers(
-                seq_id, st.position + n, cidx + 1, layers, self.step.fingerprint
+    def _duplicate(
+        self, seq_id: str, idx: int, digest: bytes, applied: bytes | None
+    ) -> Iterator[Any]:
+        if applied is None:
+            self.m.duplicates_unchecked.inc()  # older than the digest window
+        elif applied != digest:
+            yield self._dead(
+                seq_id,
+                idx,
+                "conflicting_duplicate",
+                "a chunk with this index and other content (or another final flag) was "
+                "already accepted; the first one is kept",
             )
-            changed = True
-            if cfinal:
-                meta.final_index = cidx
-            if st.next_chunk - max(meta.committed_next, 0) >= self.checkpoint_every or cfinal:
-                st = self._commit(st, meta)
-            self.m.chunks.inc()
-            self.m.tokens.inc(n)
-            if self._progress is not None:
-                self._progress.add(n)
-            yield ChunkResult(seq_id, cidx, start, _emit(out, self.emit))
-            if cfinal:  # nothing after the final chunk is applied
-                for c in pending:
-                    yield self._after_final(seq_id, int(c.index), cidx)
-                pending = []
-                break
-            while pending and int(pending[0].index) < st.next_chunk:
-                pending.pop(0)  # superseded (cannot happen unless a duplicate slipped in)
-            if pending and int(pending[0].index) == st.next_chunk:
-                c = pending.pop(0)
-                try:
-                    cdata = self.step.validate(c.data)
-                except BadInput as bad:  # validated before buffering; kept for safety
-                    yield self._dead(seq_id, c.index, bad.reason, bad.message)
-                    continue
-                ready.append((int(c.index), cdata, c.final))
-        if meta.n_buffered and len(pending) != meta.n_buffered:
-            buffer.clear()
-            for c in pending:
-                buffer.add(c)
-            meta.n_buffered = len(pending)
-            if pending:
-                self.m.gaps.inc()  # still waiting: another gap behind the applied run
+            return
+        self.m.duplicates.inc()
+
+    def _apply_run(
+        self,
+        seq_id: str,
+        ready: list[tuple[int, Any, bool, bytes]],
+        st: SequenceState | None,
+        meta: Meta,
+        cells: _Cells,
+    ) -> Iterator[Any]:
+        """Apply ``ready`` and every buffered chunk behind it, in bounded batches."""
+        changed = False
+        index = cells.index
+        while ready:
+            for cidx, cdata, cfinal, cdigest in ready:
+                done = self.applier.apply(seq_id, cidx, cdata, st)
+                if not isinstance(done, Applied):  # refused: the sequence keeps its state
+                    yield self._dead(seq_id, cidx, done.reason, done.message)
+                    ready = []
+                    break
+                st, changed = done.state, True
+                result = self._emitted(done.result, st, cfinal, cells)
+                if result is not None:
+                    if self._spans is not None:
+                        cells.outbuf.add(result)
+                    yield result
+                cells.window.push(cdigest)
+                if cfinal:
+                    meta.final_index = cidx
+                due = st.next_chunk - max(meta.committed_next, 0) >= self.checkpoint_every
+                if due or cfinal:
+                    for item in self._commit(seq_id, st, meta, cells):
+                        if isinstance(item, SequenceState):
+                            st = item
+                        else:
+                            yield item
+                    if meta.fenced:
+                        ready = []
+                        break
+                if cfinal:  # nothing after the final chunk is applied
+                    for late in index.above(cidx):
+                        yield self._after_final(seq_id, int(late), cidx)
+                    index.rows = index.rows[:0]
+                    ready = []
+                    break
+            else:
+                ready = self._next_batch(st, index, cells) if st is not None and len(index) else []
+        if meta.n_buffered:
+            index.drop_below(0 if st is None else st.next_chunk)
+            if not len(index):
+                cells.buffer.clear()
+            meta.n_buffered = len(index)
+            cells.save_index()
         if changed and st is not None:
-            state.write(encode_state(st))
-        return changed
+            cells.state.write(pack_state(st))
+        cells.save_window()
+
+    def _emitted(
+        self, result: ChunkResult, st: SequenceState, final: bool, cells: _Cells
+    ) -> ChunkResult | None:
+        """The chunk's result, or with emit="sequence" the running sum (and at the final chunk
+        the sequence's mean over all its tokens, as its one result)."""
+        if self.emit != "sequence":
+            return result
+        raw = cells.outsum.read()
+        total = (
+            result.output
+            if raw is None
+            else np.frombuffer(raw, "<f8").reshape(result.output.shape) + result.output
+        )
+        cells.outsum.write(np.ascontiguousarray(total, "<f8").tobytes())
+        if not final:
+            return None
+        return ChunkResult(st.seq_id, result.index, 0, (total / st.position).astype(np.float32))
+
+    def _next_batch(
+        self, st: SequenceState, index: BufferIndex, cells: _Cells
+    ) -> list[tuple[int, Any, bool, bytes]]:
+        """The buffered chunks right behind ``st`` (one pass over the bag, bounded in bytes)."""
+        run = index.run_from(st.next_chunk)
+        if not run:
+            return []
+        want = range(st.next_chunk, st.next_chunk + run)
+        got: dict[int, Chunk] = {}
+        held = 0
+        for c in cells.buffer.read():
+            i = int(c.index)
+            if i in want and i not in got and (held < DRAIN_BYTES or i == st.next_chunk):
+                got[i] = c
+                held += _nbytes(c.data)
+        batch = []
+        for i in want:
+            c = got.get(i)
+            if c is None:
+                break
+            digest = index.find(i)
+            assert digest is not None  # the run was read from the index
+            batch.append((i, c.data, c.final, digest))
+        index.drop_below(st.next_chunk + len(batch))
+        return batch
 
     def _after_final(self, seq_id: str, idx: int, final_index: int) -> Any:
         return self._dead(
             seq_id, idx, "after_final", f"expected no chunk after the final chunk {final_index}"
         )
-
-    def _drop_after_final(
-        self, seq_id: str, final_index: int, meta: _Meta, buffer: Any
-    ) -> Iterator[Any]:
-        """Dead-letter buffered chunks beyond a final chunk that has just been buffered."""
-        kept = [c for c in buffer.read() if int(c.index) <= final_index]
-        if len(kept) == meta.n_buffered:
-            return
-        for c in buffer.read():
-            if int(c.index) > final_index:
-                yield self._after_final(seq_id, int(c.index), final_index)
-        buffer.clear()
-        for c in kept:
-            buffer.add(c)
-        meta.n_buffered = len(kept)
 
     # -- idle -------------------------------------------------------------------------------
     @on_timer(IDLE)
@@ -491,31 +546,88 @@ class SequenceDoFn(beam.DoFn):
         key: Any = beam.DoFn.KeyParam,
         state: Any = beam.DoFn.StateParam(STATE),  # noqa: B008
         meta_state: Any = beam.DoFn.StateParam(META),  # noqa: B008
+        digests: Any = beam.DoFn.StateParam(DIGESTS),  # noqa: B008
+        bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
+        outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
+        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id = str(key)
-        meta = _Meta(meta_state.read())
+        meta = Meta(meta_state.read())
+        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
         raw = state.read()
-        st = None if raw is None else decode_state(raw, expected_fingerprint=self.step.fingerprint)
+        st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
         next_chunk = 0 if st is None else st.next_chunk
-        if meta.n_buffered:
-            for c in sorted(buffer.read(), key=lambda c: int(c.index)):
+        if len(cells.index):
+            for i in cells.index.rows["index"]:
                 yield self._dead(
                     seq_id,
-                    c.index,
+                    int(i),
                     "gap",
                     f"waited for chunk {next_chunk}, which did not arrive before the sequence "
                     f"went idle; resend chunks from {next_chunk} on to continue it",
                 )
             buffer.clear()
+            bufidx.clear()
             meta.n_buffered = 0
-        if st is not None and self._store is not None:
-            st = self._commit(st, meta)
+        if st is not None and self._store is not None and not meta.fenced:
+            for item in self._commit(seq_id, st, meta, cells):
+                if not isinstance(item, SequenceState):
+                    yield item
             state.clear()
-            meta.evicted = True
+            digests.clear()
+            outbuf.clear()
+            outsum.clear()
+            meta.evicted = not meta.fenced
             self.m.evictions.inc()
+        meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
         meta_state.write(meta.pack())
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+class _Cells:
+    """A key's state cells, with the small ones decoded once per element."""
+
+    def __init__(
+        self,
+        state: Any,
+        digests: Any,
+        bufidx: Any,
+        buffer: Any,
+        outbuf: Any,
+        outsum: Any,
+        meta: Meta,
+    ) -> None:
+        self.state, self.digests, self.bufidx = state, digests, bufidx
+        self.buffer, self.outbuf, self.outsum, self.meta = buffer, outbuf, outsum, meta
+        self._window: DigestWindow | None = None
+        self._index: BufferIndex | None = None
+
+    @property
+    def window(self) -> DigestWindow:
+        if self._window is None:
+            self._window = DigestWindow(self.digests.read())
+        return self._window
+
+    @property
+    def index(self) -> BufferIndex:
+        if self._index is None:
+            # Nothing is buffered (the common case): no need to read the cell.
+            self._index = BufferIndex(self.bufidx.read() if self.meta.n_buffered else None)
+        return self._index
+
+    def save_window(self) -> None:
+        if self._window is not None:
+            self.digests.write(self._window.data)
+
+    def save_index(self) -> None:
+        if self._index is not None:
+            if len(self._index):
+                self.bufidx.write(self._index.pack())
+            else:
+                self.bufidx.clear()
+
+
+def _nbytes(data: Any) -> int:
+    if isinstance(data, dict):
+        return sum(int(np.asarray(v).nbytes) for v in data.values())
+    return int(np.asarray(data).nbytes)

@@ -319,7 +319,7 @@ class WriteDeadLetters(beam.PTransform):
 def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
     """{(seq_id, chunk_index): (start_position, output)} from a job's result files (local)."""
     out: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
-    for path in sorted(glob.glob(os.path.join(output, f"{RESULTS_PREFIX}-*.parquet"))):
+    for path in _result_files(output):
         table = pq.read_table(path)
         col = "embeddings" if "embeddings" in table.column_names else "embedding"
         arr = table.column(col).combine_chunks()
@@ -341,6 +341,16 @@ def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
                 raise ValueError(msg)
             out[key] = (int(p), np.array(r))
     return out
+
+
+def _result_files(output: str) -> list[str]:
+    """Result files of a job: under ``<output>/results/`` (hidden names skipped) and the flat
+    ``results-*.parquet`` beside it."""
+    found = glob.glob(os.path.join(output, f"{RESULTS_PREFIX}-*.parquet"))
+    for folder, dirs, files in os.walk(os.path.join(output, RESULTS_PREFIX)):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        found += [os.path.join(folder, f) for f in files if not f.startswith((".", "_"))]
+    return sorted(found)
 
 
 def read_dead_letters(output: str) -> list[dict[str, Any]]:

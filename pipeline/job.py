@@ -84,23 +84,27 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
     checkpoint_dir, resume, emit, backend, checkpoint_every, max_buffered_chunks, ...
     With `streaming`, chunks come from `linstream.pipeline.streaming_sources.read_stream_chunks`.
     """
-    emit = _get(args, "emit", "tokens")
+    emit = _get(args, "emit", "mean")
     progress = _get(args, "progress_every", 10.0)
+    output = _get(args, "output")
+    # With a checkpoint store the stage writes each span of results as part of the commit that
+    # covers it (exactly once across crashes); without one, Beam's file sink writes them.
+    commit_outputs = bool(_get(args, "checkpoint_dir")) and output is not None
     transform = EmbedSequences(
         _get(args, "model", "builtin:default"),
         backend=_get(args, "backend", "auto"),
         checkpoint_dir=_get(args, "checkpoint_dir"),
         checkpoint_every=_get(args, "checkpoint_every", 16),
         resume=bool(_get(args, "resume", False)),
-        max_buffered_chunks=_get(args, "max_buffered_chunks", 64),
+        max_buffered_chunks=_get(args, "max_buffered_chunks", None),
         idle_timeout=_get(args, "idle_timeout", 300.0),
         state_dtype=_get(args, "state_dtype", "float64"),
         emit=emit,
         progress_every_s=progress if progress else None,
         restore_fallback=bool(_get(args, "restore_fallback", False)),
+        output_dir=output if commit_outputs else None,
     )
     width = int(transform._dofn.step.model.config.d_model)  # type: ignore[attr-defined]  # EmbedStep
-    output = _get(args, "output")
     if _get(args, "streaming", False):
         if not _has_streaming_sources():
             msg = (
@@ -124,7 +128,8 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         window = float(_get(args, "window_seconds", 60.0))
         results = results | "WindowResults" >> beam.WindowInto(FixedWindows(window))
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
-    results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
+    if not commit_outputs:
+        results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
     dead | "WriteDeadLetters" >> WriteDeadLetters(output)
     return results, dead
 

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: `--emit` values (the stateful stage decides what each writes; see README "Output").
-EMIT_CHOICES = ("mean", "last", "tokens")
+EMIT_CHOICES = ("mean", "last", "sequence", "tokens")
 #: `--input-format` values; `auto` looks at the input (see `linstream.pipeline.text_input`).
 INPUT_FORMATS = ("auto", "chunks", "text", "jsonl", "parquet-text", "tokens-jsonl")
 
@@ -76,6 +76,13 @@ def _non_negative_int(value: str) -> int:
         msg = f"expected a whole number >= 0, got {value!r}"
         raise argparse.ArgumentTypeError(msg)
     return n
+
+
+def _optional_count(value: str) -> int | None:
+    """`none` (no bound) or a whole number >= 0."""
+    if value.strip().lower() == "none":
+        return None
+    return _non_negative_int(value)
 
 
 def _non_negative_float(value: str) -> float:
@@ -159,6 +166,7 @@ class Flag:
         """argparse keywords; Beam's view keeps only JSON-able values (Dataflow sends all
         options to the workers as a JSON struct)."""
         shown = "off" if self.boolean and not self.default else self.default
+        shown = "none" if shown is None else shown
         help_text = f"{self.help} (default: {shown})" if not self.required else self.help
         kw: dict[str, Any] = {"dest": self.dest, "help": help_text.replace("%", "%%")}
         if self.boolean:
@@ -202,7 +210,7 @@ EMBED_FLAGS: tuple[Flag, ...] = (
     Flag(
         "tokenizer",
         "tokenizer for text input: a tokenizer.json path (local or gs://...) or builtin:bytes "
-        "(UTF-8 bytes, ids 0-255, no download); default: the one the model file names, else "
+        "(UTF-8 bytes, ids 0-255, no download); none: the one the model file names, else "
         "builtin:bytes",
         metavar="SPEC",
     ),
@@ -242,8 +250,9 @@ EMBED_FLAGS: tuple[Flag, ...] = (
     Flag(
         "emit",
         "what each output row holds: mean (one vector per chunk, the mean over its tokens), "
-        "last (the chunk's last token), tokens (one vector per token: d_model x 4 bytes per "
-        "token, e.g. 512 MB per million tokens of builtin:default)",
+        "last (the chunk's last token), sequence (one vector per finished sequence, the mean "
+        "over all its tokens), tokens (one vector per token: d_model x 4 bytes per token, "
+        "e.g. 512 MB per million tokens of builtin:default)",
         "mean",
         choices=EMIT_CHOICES,
     ),
@@ -269,11 +278,11 @@ EMBED_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "max-buffered-chunks",
-        "chunks held per sequence while an earlier one is missing; past it they are "
-        "dead-lettered (buffer_full). Memory: N x chunk bytes per waiting sequence",
-        64,
-        type=_non_negative_int,
-        metavar="N",
+        "dead-letter (beyond_buffer) chunks more than N ahead of the next one to apply; "
+        "none: no bound in Beam state (set one for streaming jobs)",
+        None,
+        type=_optional_count,
+        metavar="N|none",
     ),
     Flag(
         "idle-timeout",

@@ -25,34 +25,10 @@ def _key_by_seq(chunk: Chunk) -> tuple[str, Chunk]:
 
 
 class _SequenceTransform(beam.PTransform):
-    def __init__(
-        self,
-        step: ChunkStep,
-        *,
-        checkpoint_dir: str | None,
-        checkpoint_every: int,
-        checkpoint_keep: int,
-        resume: bool,
-        max_buffered_chunks: int,
-        idle_timeout: float,
-        emit: str,
-        progress_every_s: float | None,
-        restore_fallback: bool,
-    ) -> None:
+    def __init__(self, step: ChunkStep, **stage: Any) -> None:
         super().__init__()
         self._with_errors = False
-        self._dofn = SequenceDoFn(
-            step,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            checkpoint_keep=checkpoint_keep,
-            resume=resume,
-            max_buffered_chunks=max_buffered_chunks,
-            idle_timeout=idle_timeout,
-            emit=emit,
-            progress_every_s=progress_every_s,
-            restore_fallback=restore_fallback,
-        )
+        self._dofn = SequenceDoFn(step, **stage)
 
     def with_exception_handling(self) -> _SequenceTransform:
         """Return a copy that yields `(results, dead_letters)` when applied."""
@@ -87,7 +63,14 @@ class CausalLinearAttention(_SequenceTransform):
     checkpoint_every: commit after this many applied chunks (and always at the final chunk).
     resume: restore each sequence from the store the first time it is seen.
     max_buffered_chunks: how far ahead of the next chunk to apply a chunk may be buffered;
-        farther ones are dead-lettered (`beyond_buffer`).
+        farther ones are dead-lettered (`beyond_buffer`).  None (the default): no bound — early
+        chunks wait in Beam state, and the stage reads them back in batches of bounded bytes.
+        Set a bound for streaming jobs whose gaps may never close.
+    output_dir: write each span of results as part of the checkpoint commit that covers it,
+        under `<output_dir>/results/` (exactly once across crashes and resumes; needs
+        checkpoint_dir).  Results are still emitted on the main output.
+    max_chunk_tokens: longer chunks are dead-lettered (`too_large`) before any work; chunks are
+        computed in blocks of `block_tokens` tokens, so memory stays bounded.
     idle_timeout: event-time seconds after a sequence's last chunk before its Beam state is
         committed and cleared (in a batch job: at the end of the input).
     """
@@ -100,7 +83,7 @@ class CausalLinearAttention(_SequenceTransform):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 16,
         resume: bool = False,
-        max_buffered_chunks: int = 64,
+        max_buffered_chunks: int | None = None,
         *,
         state_dtype: Any = np.float64,
         checkpoint_keep: int = 2,
@@ -108,6 +91,8 @@ class CausalLinearAttention(_SequenceTransform):
         emit: str = "tokens",
         progress_every_s: float | None = None,
         restore_fallback: bool = False,
+        output_dir: str | None = None,
+        max_chunk_tokens: int = 1 << 20,
     ) -> None:
         super().__init__(
             RawAttentionStep(feature_map, eps, backend, state_dtype),
@@ -120,6 +105,8 @@ class CausalLinearAttention(_SequenceTransform):
             emit=emit,
             progress_every_s=progress_every_s,
             restore_fallback=restore_fallback,
+            output_dir=output_dir,
+            max_chunk_tokens=max_chunk_tokens,
         )
 
 
@@ -140,13 +127,15 @@ class EmbedSequences(_SequenceTransform):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 16,
         resume: bool = False,
-        max_buffered_chunks: int = 64,
+        max_buffered_chunks: int | None = None,
         state_dtype: Any = np.float64,
         checkpoint_keep: int = 2,
         idle_timeout: float = 300.0,
         emit: str = "tokens",
         progress_every_s: float | None = None,
         restore_fallback: bool = False,
+        output_dir: str | None = None,
+        max_chunk_tokens: int = 1 << 20,
     ) -> None:
         super().__init__(
             EmbedStep(model, backend, state_dtype),
@@ -159,4 +148,6 @@ class EmbedSequences(_SequenceTransform):
             emit=emit,
             progress_every_s=progress_every_s,
             restore_fallback=restore_fallback,
+            output_dir=output_dir,
+            max_chunk_tokens=max_chunk_tokens,
         )

@@ -5,19 +5,24 @@ No Beam here: the pipeline keeps ``encode_state`` bytes in Beam state and commit
 """
 
 from .codec import FORMAT_VERSION, READER_VERSION, decode_state, encode_state
+from .compact import pack_state, unpack_state
 from .errors import (
     CheckpointError,
     CorruptCheckpointError,
     DivergentStateError,
     ModelMismatchError,
     NonFiniteStateError,
+    SupersededError,
     UnsupportedFormatVersionError,
 )
+from .manifest import DIGEST_BYTES, MAX_DIGESTS, History, OutputSpan
 from .sequence_state import SequenceState
-from .store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome
+from .store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome, Head
 
 __all__ = [
+    "DIGEST_BYTES",
     "FORMAT_VERSION",
+    "MAX_DIGESTS",
     "READER_VERSION",
     "CheckpointError",
     "CheckpointProblem",
@@ -26,10 +31,16 @@ __all__ = [
     "CommitOutcome",
     "CorruptCheckpointError",
     "DivergentStateError",
+    "Head",
+    "History",
     "ModelMismatchError",
     "NonFiniteStateError",
+    "OutputSpan",
     "SequenceState",
+    "SupersededError",
     "UnsupportedFormatVersionError",
     "decode_state",
     "encode_state",
+    "pack_state",
+    "unpack_state",
 ]

@@ -57,13 +57,15 @@ __all__ = [
     "tensor_ranges",
 ]
 
-#: Format written by this version.
-FORMAT_VERSION = 1
-#: Oldest reader version able to read what this version writes.
-MIN_READER_VERSION = 1
+#: Format written by this version.  Format 2 (chained commits with a history record in the
+#: manifest) keeps the data file's layout of format 1; format-1 files and stores still restore.
+FORMAT_VERSION = 2
+#: Oldest reader version able to read what this version writes (a format-1 reader would not see
+#: format-2 commits at all, so it must not read their data files either).
+MIN_READER_VERSION = 2
 #: Newest format this reader understands (files whose minimum reader version exceeds it are
 #: refused with ``UnsupportedFormatVersionError``).
-READER_VERSION = 1
+READER_VERSION = 2
 
 _K_FORMAT = b"linstream.format_version"
 _K_MIN_READER = b"linstream.min_reader_version"

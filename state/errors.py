@@ -8,6 +8,7 @@ __all__ = [
     "DivergentStateError",
     "ModelMismatchError",
     "NonFiniteStateError",
+    "SupersededError",
     "UnsupportedFormatVersionError",
 ]
 
@@ -55,3 +56,8 @@ class DivergentStateError(CheckpointError):
 
 class NonFiniteStateError(CheckpointError, ValueError):
     """A state holds NaN or Inf: it is refused for commit and on decode."""
+
+
+class SupersededError(DivergentStateError):
+    """Another writer advanced the sequence first: the commit number this writer wanted to
+    create holds another history (two jobs on one store; the later commit is refused)."""

@@ -8,13 +8,21 @@ still check ``sha256``): ``tensor_ranges`` = ``[S offset, S bytes, z offset, z b
 data file and ``split_sha256`` = ``split_file_hash``: SHA-256 over every byte of the file outside
 those ranges plus the content digest, which covers the bytes inside them.  It commits to every
 byte of the file like ``sha256`` does, and a reader verifies it and the content digest in one
-pass over the tensor bytes instead of two.  Manifests are untrusted input like data files:
+pass over the tensor bytes instead of two.
+
+Format 2 adds ``history`` (see ``History``): the commit's number in the sequence's chain, the
+position of its parent commit, the final chunk when it has been applied, the content digests of
+the last applied chunks, and the output span the commit finalizes; and ``check``, the SHA-256 of
+the manifest's canonical JSON without it (a flipped bit in a format-2 manifest is detected, not
+trusted).  Manifests are untrusted input like data files:
 ``Manifest.parse`` checks every field's type and range, and that the data file name is a plain
 name (no path) in the expected form.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -25,11 +33,68 @@ from .codec import check_format_version
 from .errors import CorruptCheckpointError, UnsupportedFormatVersionError
 from .paths import data_name, parse_data_name
 
-__all__ = ["MAX_MANIFEST_BYTES", "Manifest", "split_file_hash"]
+__all__ = [
+    "DIGEST_BYTES",
+    "MAX_DIGESTS",
+    "MAX_MANIFEST_BYTES",
+    "History",
+    "Manifest",
+    "OutputSpan",
+    "split_file_hash",
+]
 
 MAX_MANIFEST_BYTES = 64 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_DATA_BYTES = 1 << 40
+#: Bytes of one chunk's content digest, and how many of the newest applied chunks keep one.
+DIGEST_BYTES = 16
+MAX_DIGESTS = 1024
+_MAX_URL = 4096
+_MAX_SUM_BYTES = 8 * 4096
+_I63 = 2**63
+
+
+@dataclass(frozen=True)
+class OutputSpan:
+    """The outputs a commit finalizes: chunks ``first_chunk .. end_chunk - 1`` of the sequence,
+    written to ``pending`` (a hidden name) before the commit and published as ``file`` after it.
+    ``sha256``/``size`` are those of the file's bytes (a roll-forward checks them)."""
+
+    file: str
+    pending: str
+    first_chunk: int
+    end_chunk: int
+    rows: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class History:
+    """What format 2 records about a sequence's history at a commit."""
+
+    commit: int
+    parent_position: int
+    final_chunk: int  # -1: the final chunk has not been applied
+    digests: bytes  # DIGEST_BYTES per chunk, for chunks next_chunk - n .. next_chunk - 1
+    outputs: OutputSpan | None = None
+    #: float64 sum of the per-token outputs so far (``emit="sequence"``), little-endian bytes
+    output_sum: bytes = b""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit,
+            "parent_position": self.parent_position,
+            "final_chunk": self.final_chunk,
+            "digests": base64.b64encode(self.digests).decode("ascii"),
+            "outputs": None if self.outputs is None else asdict(self.outputs),
+            "output_sum": base64.b64encode(self.output_sum).decode("ascii"),
+        }
+
+
+def _check_of(fields: dict[str, Any]) -> str:
+    body = json.dumps(fields, sort_keys=True, ensure_ascii=True).encode("ascii")
+    return hashlib.sha256(b"linstream.manifest.v2\x00" + body).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -48,6 +113,7 @@ class Manifest:
     digest: str
     tensor_ranges: tuple[int, int, int, int] | None = None
     split_sha256: str | None = None
+    history: History | None = None
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (sorted keys, ASCII): equal commits give byte-equal manifests."""
@@ -57,6 +123,10 @@ class Manifest:
             del fields["tensor_ranges"], fields["split_sha256"]
         else:
             fields["tensor_ranges"] = list(self.tensor_ranges)
+        del fields["history"]
+        if self.history is not None:
+            fields["history"] = self.history.to_json()
+            fields["check"] = _check_of(fields)
         return (json.dumps(fields, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
 
     @classmethod
@@ -159,7 +229,81 @@ class Manifest:
                 )
                 raise bad(msg)
             m = replace(m, tensor_ranges=(s_off, s_len, z_off, z_len), split_sha256=split)
+        if "history" in obj or "check" in obj or m.format_version >= 2:
+            m = replace(m, history=_parse_history(obj, m, bad))
         return m
+
+
+def _int_in(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value < hi
+
+
+def _parse_history(obj: dict[str, Any], m: Manifest, bad: Any) -> History:
+    """The format-2 ``history`` of a parsed manifest object, checked against ``check``."""
+    check = obj.get("check")
+    if not isinstance(check, str) or not _HEX64.fullmatch(check):
+        msg = "field 'check': expected 64 lowercase hex digits"
+        raise bad(msg)
+    body = {k: v for k, v in obj.items() if k != "check"}
+    if _check_of(body) != check:
+        msg = "check sum does not match its content (damaged or edited)"
+        raise bad(msg)
+    h = obj.get("history")
+    if not isinstance(h, dict):
+        msg = f"field 'history': expected an object, received {h!r:.80}"
+        raise bad(msg)
+    commit: Any = h.get("commit")
+    parent: Any = h.get("parent_position")
+    final: Any = h.get("final_chunk")
+    if not _int_in(commit, 1, _I63) or not _int_in(parent, 0, _I63) or parent >= max(m.position, 1):
+        msg = f"field 'history': commit {commit!r:.30} / parent position {parent!r:.30} invalid"
+        raise bad(msg)
+    if not _int_in(final, -1, m.next_chunk):
+        msg = f"field 'history': final chunk {final!r:.30} is not below next chunk {m.next_chunk}"
+        raise bad(msg)
+    raw = h.get("digests")
+    try:
+        digests = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
+    except (binascii.Error, ValueError):
+        digests = None
+    if (
+        digests is None
+        or len(digests) % DIGEST_BYTES
+        or len(digests) // DIGEST_BYTES > min(MAX_DIGESTS, m.next_chunk)
+    ):
+        msg = "field 'history': digests are not a whole number of chunk digests"
+        raise bad(msg)
+    raw_sum = h.get("output_sum", "")
+    try:
+        total = base64.b64decode(raw_sum, validate=True) if isinstance(raw_sum, str) else None
+    except (binascii.Error, ValueError):
+        total = None
+    if total is None or len(total) % 8 or len(total) > _MAX_SUM_BYTES:
+        msg = "field 'history': output_sum is not a float64 vector"
+        raise bad(msg)
+    return History(commit, parent, final, digests, _parse_span(h.get("outputs"), m, bad), total)
+
+
+def _parse_span(o: Any, m: Manifest, bad: Any) -> OutputSpan | None:
+    if o is None:
+        return None
+    keys = ("file", "pending", "first_chunk", "end_chunk", "rows", "size", "sha256")
+    if not isinstance(o, dict) or set(o) != set(keys):
+        msg = f"field 'history.outputs': expected the keys {list(keys)}"
+        raise bad(msg)
+    ok = (
+        all(isinstance(o[k], str) and 0 < len(o[k]) <= _MAX_URL for k in ("file", "pending"))
+        and _int_in(o["first_chunk"], 0, m.next_chunk)
+        and o["end_chunk"] == m.next_chunk
+        and _int_in(o["rows"], 1, _I63)
+        and _int_in(o["size"], 1, _MAX_DATA_BYTES)
+        and isinstance(o["sha256"], str)
+        and _HEX64.fullmatch(o["sha256"]) is not None
+    )
+    if not ok:
+        msg = f"field 'history.outputs': invalid span {o!r:.120}"
+        raise bad(msg)
+    return OutputSpan(**o)
 
 
 def split_file_hash(data: Any, ranges: tuple[int, int, int, int], digest: str) -> str:

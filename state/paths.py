@@ -13,22 +13,28 @@ import hashlib
 import re
 
 __all__ = [
+    "COMMIT_SUFFIX",
     "MANIFEST_SUFFIX",
     "TMP_PREFIX",
+    "commit_name",
     "data_name",
     "decode_seq_dir",
     "encode_seq_dir",
     "manifest_name",
+    "parse_commit_name",
     "parse_data_name",
     "parse_manifest_name",
 ]
 
 MANIFEST_SUFFIX = ".manifest.json"
+#: Format-2 commits are named by their number in the sequence's chain of commits.
+COMMIT_SUFFIX = ".commit.json"
 DATA_SUFFIX = ".arrow"
 TMP_PREFIX = ".tmp-"
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789.-")
 _MAX_NAME = 200
 _MANIFEST_RE = re.compile(r"([0-9]{20})\.manifest\.json")
+_COMMIT_RE = re.compile(r"([0-9]{20})\.commit\.json")
 _DATA_RE = re.compile(r"([0-9]{20})\.([0-9a-f]{16})\.arrow")
 _ESCAPED_RE = re.compile(r"q(?:[a-z0-9.-]|_[0-9a-f]{2})*")
 
@@ -81,4 +87,14 @@ def parse_manifest_name(name: str) -> int | None:
 
 def parse_data_name(name: str) -> int | None:
     m = _DATA_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def commit_name(commit: int) -> str:
+    """File name of commit number ``commit`` (1, 2, ...) of a sequence's chain (format 2)."""
+    return f"{commit:020d}{COMMIT_SUFFIX}"
+
+
+def parse_commit_name(name: str) -> int | None:
+    m = _COMMIT_RE.fullmatch(name)
     return int(m.group(1)) if m else None

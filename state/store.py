@@ -3,14 +3,17 @@
 Layout under the root (a local path or any fsspec URL)::
 
     ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow      immutable data file (Arrow IPC)
-    ROOT/<seq folder>/<position:020d>.manifest.json            the commit (create-if-absent)
+    ROOT/<seq folder>/<commit:020d>.commit.json                commit number n (format 2)
+    ROOT/<seq folder>/<position:020d>.manifest.json            a format-1 commit (read only)
 
 ``<seq folder>`` is a safe, reversible encoding of the sequence id (``paths.encode_seq_dir``).
-A commit writes the data file, then creates the manifest only if no manifest exists for that
-position: two writers of one position cannot both win.  A retried commit of the same state finds
-its own manifest ("duplicate"); a state equal within tolerance keeps the first commit
-("equal_within_tolerance", the caller continues from ``restore``); anything else raises
-``DivergentStateError``.  Restore validates everything (see ``CheckpointStore.restore``).
+A sequence's commits form a chain: commit n+1 names its parent's position and is created only
+if no commit n+1 exists (create-if-absent), so two writers that continue one history cannot both
+advance it — the second finds commit n+1 taken.  If it holds the same state (a retried bundle,
+or two jobs over the same input) the outcome is "duplicate", or "equal_within_tolerance" when
+only the last bits differ (the caller continues from the commit that is there); any other history
+raises ``SupersededError``.  Commit 1 continues from the newest format-1 commit, if any.
+Restore validates everything (see ``CheckpointStore.head``).
 
 URLs: local paths and ``file://`` use POSIX create-if-absent (``os.link``) and fsync; ``memory://``
 (tests), ``gs://`` (gcsfs) and ``s3://`` (s3fs) go through fsspec and need an fsspec
@@ -30,7 +33,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,22 +53,25 @@ from .errors import (
     CorruptCheckpointError,
     DivergentStateError,
     NonFiniteStateError,
+    SupersededError,
 )
 from .filesystems import LocalStorage, in_thread, open_storage
-from .manifest import MAX_MANIFEST_BYTES, Manifest, split_file_hash
+from .manifest import MAX_MANIFEST_BYTES, History, Manifest, split_file_hash
 from .paths import (
     TMP_PREFIX,
+    commit_name,
     data_name,
     decode_seq_dir,
     encode_seq_dir,
     is_hashed_seq_dir,
     manifest_name,
+    parse_commit_name,
     parse_data_name,
     parse_manifest_name,
 )
 from .sequence_state import SequenceState
 
-__all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome"]
+__all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome", "Head"]
 
 log = logging.getLogger("linstream.state")
 
@@ -91,6 +97,25 @@ class CommitInfo:
     next_chunk: int | None
     fingerprint: str | None
     problem: str | None = None
+    commit: int | None = None  # number in the chain (format 2); None for a format-1 commit
+
+
+#: The history of a format-1 commit, which recorded none.
+_NO_HISTORY = History(commit=0, parent_position=0, final_chunk=-1, digests=b"")
+
+
+@dataclass(frozen=True)
+class Head:
+    """The newest readable commit of a sequence: its state and history, and what was newer but
+    could not be read (commits skipped by a fallback, as (path, manifest or None)).
+    ``newest_commit`` is the highest commit number in the folder: a writer continuing this head
+    creates the number after it (so a fallback never collides with the unreadable commits)."""
+
+    state: SequenceState
+    history: History
+    manifest_path: str
+    skipped: tuple[tuple[str, Manifest | None], ...] = ()
+    newest_commit: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,18 +208,34 @@ class CheckpointStore:
         self._dirs_made.add(seq_dir)
 
     def _positions(self, seq_dir: str) -> list[int]:
-        """Committed positions (manifest names), newest first."""
+        """Positions of format-1 commits (manifest names), newest first."""
         found = (parse_manifest_name(n) for n in self._fs.list_dir(seq_dir))
         return sorted((p for p in found if p is not None), reverse=True)
 
+    def _commit_files(
+        self, seq_dir: str, names: list[str] | None = None
+    ) -> list[tuple[str, int | None, int | None]]:
+        """Every commit file as (path, chain number, format-1 position), newest first: the
+        chain (format 2) by number, then format-1 manifests by position."""
+        names = self._fs.list_dir(seq_dir) if names is None else names
+        chain = sorted((n for n in map(parse_commit_name, names) if n is not None), reverse=True)
+        old = sorted((p for p in map(parse_manifest_name, names) if p is not None), reverse=True)
+        return [(self._cpath(seq_dir, n), n, None) for n in chain] + [
+            (self._mpath(seq_dir, p), None, p) for p in old
+        ]
+
     # --- commit --------------------------------------------------------------------------------
 
-    def commit(self, st: SequenceState) -> CommitOutcome:
-        """Commit ``st`` durably; see the module docstring for the outcomes.
+    def commit(self, st: SequenceState, history: History | None = None) -> CommitOutcome:
+        """Commit ``st`` durably as commit ``history.commit`` of its chain; see the module
+        docstring for the outcomes.
 
-        Raises ``NonFiniteStateError`` (NaN/Inf, nothing written), ``DivergentStateError``
-        (another state is committed at this position), ``CorruptCheckpointError`` (the commit
-        already at this position cannot be read to compare).
+        Without ``history`` the commit continues the newest commit whose position is below
+        ``st.position`` (or, when a commit at ``st.position`` exists, retries it), with no
+        final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
+        nothing written), ``SupersededError`` (the commit number holds another history),
+        ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
+        (the commit already there cannot be read to compare).
         """
         if not isinstance(st, SequenceState):
             msg = f"commit: expected a SequenceState, received {type(st).__name__}"
@@ -211,7 +252,9 @@ class CheckpointStore:
         ranges = tensor_ranges(buf, st)
         split = None if ranges is None else split_file_hash(buf, ranges, digest)
         seq_dir = self._seq_dir(st.seq_id)
-        mpath = self._mpath(seq_dir, st.position)
+        if history is None:
+            history = self._auto_history(seq_dir, st)
+        mpath = self._cpath(seq_dir, history.commit)
 
         def manifest_for(sha: str) -> Manifest:
             return Manifest(
@@ -229,6 +272,7 @@ class CheckpointStore:
                 digest=digest,
                 tensor_ranges=ranges,
                 split_sha256=split,
+                history=history,
             )
 
         made: list[Manifest] = []
@@ -237,15 +281,16 @@ class CheckpointStore:
             made.append(manifest_for(sha))
             return f"{seq_dir}/{made[0].data_file}", made[0].to_bytes()
 
-        existing = self._read_manifest_if_any(mpath, st.position)
+        existing = self._read_manifest_if_any(mpath, None)
         if existing is None:
             self._ensure_dir(seq_dir)
             if self._fs.commit_files(buf, mpath, prepare):
+                self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
                 self._count(CommitOutcome.COMMITTED, st)
                 self._schedule_prune(seq_dir)
                 return CommitOutcome.COMMITTED
-            existing = self._read_manifest_if_any(mpath, st.position)
-            if existing is None:  # pruned meanwhile: the position is far behind the newest
+            existing = self._read_manifest_if_any(mpath, None)
+            if existing is None:  # pruned meanwhile: the commit is far behind the newest
                 msg = f"manifest {mpath} vanished while committing position {st.position}"
                 raise CorruptCheckpointError(msg, path=mpath)
         manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
@@ -258,7 +303,49 @@ class CheckpointStore:
         self._count(outcome, st)
         return outcome
 
-    def _read_manifest_if_any(self, mpath: str, position: int) -> Manifest | None:
+    def _refuse_if_stray(
+        self, seq_dir: str, st: SequenceState, history: History, mpath: str, ours: Manifest
+    ) -> None:
+        """A commit number can be free again after retention removed it; creating it then
+        forks a history that has moved on.  Retention only removes commit n once commit
+        n + keep exists, so a newer number in the folder right after the create tells."""
+        names = self._fs.list_dir(seq_dir)
+        newest = max((n for n in map(parse_commit_name, names) if n is not None), default=0)
+        if newest <= history.commit:
+            return
+        self._fs.remove(mpath)
+        self._fs.remove(f"{seq_dir}/{ours.data_file}")
+        msg = (
+            f"sequence {st.seq_id!r}: this writer continued commit {history.commit - 1} "
+            f"(position {history.parent_position}), but the history has moved on to commit "
+            f"{newest}: another job advanced this sequence (one writer per sequence history)"
+        )
+        raise SupersededError(msg, path=mpath)
+
+    def _auto_history(self, seq_dir: str, st: SequenceState) -> History:
+        """The history of a commit made without one (see ``commit``)."""
+        for path, n, pos in self._commit_files(seq_dir):
+            try:
+                m = self._parse_commit(path, n, pos)
+            except (CheckpointError, FileNotFoundError):
+                continue
+            if m.position == st.position and n is not None:
+                return replace(m.history or _NO_HISTORY, outputs=None)  # a retry of this commit
+            if m.position < st.position:
+                number = 1 if n is None else n + 1
+                return History(number, m.position, -1, b"")
+        return History(1, 0, -1, b"")
+
+    def _parse_commit(self, path: str, number: int | None, position: int | None) -> Manifest:
+        """Read and check one commit file (format 2 when ``number`` is given)."""
+        m = Manifest.parse(self._fs.read(path, MAX_MANIFEST_BYTES), path=path, position=position)
+        if number is not None and (m.history is None or m.history.commit != number):
+            got = None if m.history is None else m.history.commit
+            msg = f"manifest records commit {got}, but its name says {number}"
+            raise CorruptCheckpointError(msg, path=path)
+        return m
+
+    def _read_manifest_if_any(self, mpath: str, position: int | None) -> Manifest | None:
         try:
             raw = self._fs.read(mpath, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
@@ -268,6 +355,21 @@ class CheckpointStore:
     def _compare(
         self, st: SequenceState, ours: Manifest, existing: Manifest, seq_dir: str, buf: Any
     ) -> CommitOutcome:
+        mine, theirs = ours.history or _NO_HISTORY, existing.history or _NO_HISTORY
+        if (existing.position, existing.next_chunk, theirs.parent_position, theirs.final_chunk) != (
+            st.position,
+            st.next_chunk,
+            mine.parent_position,
+            mine.final_chunk,
+        ) or theirs.digests != mine.digests:
+            msg = (
+                f"sequence {st.seq_id!r}: commit {mine.commit} already exists and continues "
+                f"from position {theirs.parent_position} to position {existing.position} "
+                f"(next chunk {existing.next_chunk}); this writer's commit from position "
+                f"{mine.parent_position} to {st.position} (next chunk {st.next_chunk}) is "
+                "refused: another job advanced this sequence (one writer per sequence history)"
+            )
+            raise SupersededError(msg, path=self._cpath(seq_dir, mine.commit))
         if existing.sha256 == ours.sha256 and existing.data_file == ours.data_file:
             # A retried commit: make sure the data file is intact (repairs a lost or damaged one).
             dpath = f"{seq_dir}/{ours.data_file}"
@@ -280,20 +382,22 @@ class CheckpointStore:
                 self._fs.write_immutable(dpath, buf)
             return CommitOutcome.DUPLICATE
         where = f"sequence {st.seq_id!r} position {st.position}"
-        first = self._load(seq_dir, existing.position, st.seq_id, None)
+        first, _ = self._load_file(
+            self._cpath(seq_dir, mine.commit), mine.commit, None, st.seq_id, None
+        )
         if first.fingerprint != st.fingerprint:
             msg = (
                 f"{where}: already committed by another model (fingerprint "
                 f"{first.fingerprint[:16]}…, this state {st.fingerprint[:16]}…)"
             )
-            raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+            raise DivergentStateError(msg, path=self._cpath(seq_dir, mine.commit))
         if (first.next_chunk, first.dtype, first.S.shape) != (st.next_chunk, st.dtype, st.S.shape):
             msg = (
                 f"{where}: committed state has next_chunk {first.next_chunk}, dtype "
                 f"{first.dtype}, shape {list(first.S.shape)}; this state has {st.next_chunk}, "
                 f"{st.dtype}, {list(st.S.shape)}"
             )
-            raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+            raise DivergentStateError(msg, path=self._cpath(seq_dir, mine.commit))
         rtol = self.rtol if self.rtol is not None else DEFAULT_RTOL[str(st.dtype)]
         diff = max(_max_rel_diff(st.S, first.S), _max_rel_diff(st.z, first.z))
         if diff <= rtol:
@@ -309,10 +413,13 @@ class CheckpointStore:
             f"{where}: a different state is already committed (max relative difference "
             f"{diff:.3g} > tolerance {rtol:.3g})"
         )
-        raise DivergentStateError(msg, path=self._mpath(seq_dir, st.position))
+        raise DivergentStateError(msg, path=self._cpath(seq_dir, mine.commit))
 
     def _mpath(self, seq_dir: str, position: int) -> str:
         return f"{seq_dir}/{manifest_name(position)}"
+
+    def _cpath(self, seq_dir: str, commit: int) -> str:
+        return f"{seq_dir}/{commit_name(commit)}"
 
     def _count(self, outcome: CommitOutcome, st: SequenceState) -> None:
         self.counters[outcome.value] += 1
@@ -356,21 +463,31 @@ class CheckpointStore:
         self.close()
 
     def _prune(self, seq_dir: str) -> list[str]:
-        """Drop commits beyond the ``keep`` newest: manifest first, then its data file(s)."""
+        """Drop commits beyond the ``keep`` newest: commit file first, then its data file(s).
+
+        Output files a commit finalized are results, not checkpoint data: never removed here.
+        """
         names = self._fs.list_dir(seq_dir)
-        positions = sorted(
-            (p for p in (parse_manifest_name(n) for n in names) if p is not None), reverse=True
-        )
+        files = self._commit_files(seq_dir, names)
         removed: list[str] = []
-        doomed = set(positions[self.keep :])
+        doomed = files[self.keep :]
         if not doomed:
             return removed
-        for pos in sorted(doomed):
-            path = self._mpath(seq_dir, pos)
+        kept_data: set[str] = set()
+        for path, n, pos in files[: self.keep]:
+            with contextlib.suppress(CheckpointError, FileNotFoundError):
+                kept_data.add(self._parse_commit(path, n, pos).data_file)
+        doomed_positions: set[int] = set()
+        for path, n, pos in reversed(doomed):
+            if pos is not None:
+                doomed_positions.add(pos)
+            else:
+                with contextlib.suppress(CheckpointError, FileNotFoundError):
+                    doomed_positions.add(self._parse_commit(path, n, pos).position)
             self._fs.remove(path)
             removed.append(path)
         for name in names:
-            if parse_data_name(name) in doomed:
+            if parse_data_name(name) in doomed_positions and name not in kept_data:
                 self._fs.remove(f"{seq_dir}/{name}")
                 removed.append(f"{seq_dir}/{name}")
         return removed
@@ -378,40 +495,73 @@ class CheckpointStore:
     # --- restore -------------------------------------------------------------------------------
 
     def restore(
-        self, seq_id: str, *, fingerprint: str, fallback: bool = False
+        self,
+        seq_id: str,
+        *,
+        fingerprint: str,
+        fallback: bool = False,
+        expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState | None:
-        """The newest committed state of ``seq_id``, or None when it has no commit.
+        """The newest committed state of ``seq_id``, or None when it has no commit (see
+        ``head``, which also returns the commit's history)."""
+        head = self.head(
+            seq_id, fingerprint=fingerprint, fallback=fallback, expected_shape=expected_shape
+        )
+        return None if head is None else head.state
+
+    def head(
+        self,
+        seq_id: str,
+        *,
+        fingerprint: str | None,
+        fallback: bool = False,
+        expected_shape: tuple[int, ...] | None = None,
+    ) -> Head | None:
+        """The newest commit of ``seq_id`` (its state and history), or None when it has none.
 
         Checks, in order: format version (manifest, then file), size and SHA-256 of the data
         file, Arrow structure, schema, shapes and dtype, model fingerprint, sequence id and
-        position, content digest, finite values.  Manifests with a split hash (see
-        ``manifest.py``) check every byte of the file and the content digest in one pass over
-        the tensor bytes; older ones hash the file in a thread while the decode runs (the
-        reports keep this order either way).  Raises ``CorruptCheckpointError``,
-        ``UnsupportedFormatVersionError`` or ``ModelMismatchError`` naming the file.  With
-        ``fallback=True`` a corrupt newest commit is skipped (logged as a warning) for the next
-        older one; if none is readable the first error is raised.  Orphan data files (no
-        manifest) are never read.
+        position, content digest, finite values; and ``expected_shape`` (the model's state
+        shape) when given.  Manifests with a split hash (see ``manifest.py``) check every byte
+        of the file and the content digest in one pass over the tensor bytes; older ones hash
+        the file in a thread while the decode runs (the reports keep this order either way).
+        Raises ``CorruptCheckpointError``, ``UnsupportedFormatVersionError`` or
+        ``ModelMismatchError`` naming the file.  With ``fallback=True`` a corrupt newest commit
+        is skipped (logged as a warning) for the next older one; if none is readable the first
+        error is raised.  Orphan data files (no manifest) are never read.
         """
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
-        for pos in self._positions(seq_dir):
+        skipped: list[tuple[str, Manifest | None]] = []
+        files = self._commit_files(seq_dir)
+        newest = max((n for _, n, _ in files if n is not None), default=0)
+        for path, n, pos in files:
             try:
-                st = self._load(seq_dir, pos, seq_id, fingerprint)
+                st, m = self._load_file(path, n, pos, seq_id, fingerprint)
+                if expected_shape is not None and st.state_shape != tuple(expected_shape):
+                    msg = (
+                        f"state shape {list(st.state_shape)} differs from the model's "
+                        f"{list(expected_shape)} (layers, heads, key features, value width)"
+                    )
+                    raise CorruptCheckpointError(msg, path=path)
             except CorruptCheckpointError as ex:
                 if not fallback:
                     raise
                 first_error = first_error or ex
                 log.warning(
-                    "sequence %r: commit at position %d is unreadable (%s); falling back to "
-                    "the previous commit",
+                    "sequence %r: commit %s is unreadable (%s); falling back to the previous "
+                    "commit",
                     seq_id,
-                    pos,
+                    path,
                     ex,
                 )
                 self.counters["fallbacks"] += 1
+                try:
+                    skipped.append((path, self._parse_commit(path, n, pos)))
+                except (CheckpointError, FileNotFoundError):
+                    skipped.append((path, None))
                 continue
-            return st
+            return Head(st, m.history or _NO_HISTORY, path, tuple(skipped), newest)
         if first_error is not None:
             raise first_error
         return None
@@ -420,18 +570,48 @@ class CheckpointStore:
         self, seq_id: str, position: int, *, fingerprint: str | None = None
     ) -> SequenceState:
         """The commit of ``seq_id`` at ``position``, with every restore check."""
-        return self._load(self._seq_dir(seq_id), position, seq_id, fingerprint)
+        seq_dir = self._seq_dir(seq_id)
+        for path, n, pos in self._commit_files(seq_dir):
+            if pos is not None and pos != position:
+                continue
+            if n is not None:
+                try:
+                    if self._parse_commit(path, n, None).position != position:
+                        continue
+                except (CheckpointError, FileNotFoundError):
+                    continue
+            return self._load_file(path, n, pos, seq_id, fingerprint)[0]
+        msg = f"no commit at position {position}"
+        raise CorruptCheckpointError(msg, path=seq_dir)
+
+    def read_chain(self, seq_id: str, commit: int, *, fingerprint: str | None = None) -> Head:
+        """Commit number ``commit`` of ``seq_id``'s chain, with every restore check."""
+        path = self._cpath(self._seq_dir(seq_id), commit)
+        st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+        return Head(st, m.history or _NO_HISTORY, path, (), commit)
 
     def _load(
         self, seq_dir: str, position: int, seq_id: str | None, fingerprint: str | None
     ) -> SequenceState:
-        mpath = self._mpath(seq_dir, position)
+        """The format-1 commit at ``position``."""
+        return self._load_file(self._mpath(seq_dir, position), None, position, seq_id, fingerprint)[
+            0
+        ]
+
+    def _load_file(
+        self,
+        mpath: str,
+        number: int | None,
+        position: int | None,
+        seq_id: str | None,
+        fingerprint: str | None,
+    ) -> tuple[SequenceState, Manifest]:
+        seq_dir = mpath.rpartition("/")[0]
         try:
-            raw = self._fs.read(mpath, MAX_MANIFEST_BYTES)
+            m = self._parse_commit(mpath, number, position)
         except FileNotFoundError as ex:
             msg = "manifest disappeared"
             raise CorruptCheckpointError(msg, path=mpath) from ex
-        m = Manifest.parse(raw, path=mpath, position=position)
         dpath = f"{seq_dir}/{m.data_file}"
         try:
             data = self._fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
@@ -458,7 +638,7 @@ class CheckpointStore:
         ) or encode_seq_dir(m.seq_id) != seq_dir.rpartition("/")[2]:
             msg = "manifest and data file disagree (sequence, fingerprint, dtype, shape or digest)"
             raise CorruptCheckpointError(msg, path=mpath)
-        return st
+        return st, m
 
     def _check_split_and_decode(
         self, data: bytes, m: Manifest, dpath: str, seq_id: str | None, fingerprint: str | None
@@ -540,17 +720,14 @@ class CheckpointStore:
         """Ids of the sequences that have at least one commit (readable or not), sorted."""
         out = []
         for name in self._seq_dirs():
-            positions = self._positions(self._fs.join(name))
-            if not positions:
+            files = self._commit_files(self._fs.join(name))
+            if not files:
                 continue
             seq_id = decode_seq_dir(name)
             if seq_id is None:  # hashed name: the id is in the manifests
-                for pos in positions:
-                    mpath = self._mpath(self._fs.join(name), pos)
+                for path, n, pos in files:
                     try:
-                        seq_id = Manifest.parse(
-                            self._fs.read(mpath, MAX_MANIFEST_BYTES), path=mpath
-                        ).seq_id
+                        seq_id = self._parse_commit(path, n, pos).seq_id
                         break
                     except (CheckpointError, FileNotFoundError):
                         continue
@@ -564,22 +741,24 @@ class CheckpointStore:
 
     def _commits_in(self, seq_dir: str, seq_id: str | None) -> list[CommitInfo]:
         out = []
-        for pos in self._positions(seq_dir):
-            mpath = self._mpath(seq_dir, pos)
+        for path, n, pos in self._commit_files(seq_dir):
             try:
-                m = Manifest.parse(self._fs.read(mpath, MAX_MANIFEST_BYTES), path=mpath)
+                m = self._parse_commit(path, n, pos)
             except (CheckpointError, FileNotFoundError) as ex:
-                out.append(CommitInfo(seq_id, pos, mpath, None, None, None, None, str(ex)))
+                where = -1 if pos is None else pos
+                out.append(CommitInfo(seq_id, where, path, None, None, None, None, str(ex), n))
                 continue
             out.append(
                 CommitInfo(
                     m.seq_id,
-                    pos,
-                    mpath,
+                    m.position,
+                    path,
                     f"{seq_dir}/{m.data_file}",
                     m.size,
                     m.next_chunk,
                     m.fingerprint,
+                    None,
+                    n,
                 )
             )
         return out
@@ -589,12 +768,13 @@ class CheckpointStore:
         problems = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
-            for pos in self._positions(seq_dir):
+            for path, n, pos in self._commit_files(seq_dir):
                 try:
-                    self._load(seq_dir, pos, None, None)
+                    self._load_file(path, n, pos, None, None)
                 except CheckpointError as ex:
-                    path = ex.path or self._mpath(seq_dir, pos)
-                    problems.append(CheckpointProblem(path, ex.reason, type(ex).__name__))
+                    problems.append(
+                        CheckpointProblem(ex.path or path, ex.reason, type(ex).__name__)
+                    )
         return problems
 
     def orphans(self) -> list[str]:
@@ -608,21 +788,28 @@ class CheckpointStore:
             names = self._fs.list_dir(seq_dir)
             referenced: set[str] = set()
             unreadable: set[int] = set()
-            for n in names:
-                pos = parse_manifest_name(n)
-                if pos is None:
-                    continue
+            any_unreadable_chain = False
+            for path, number, at in self._commit_files(seq_dir, names):
                 try:
-                    raw = self._fs.read(f"{seq_dir}/{n}", MAX_MANIFEST_BYTES)
-                    referenced.add(Manifest.parse(raw, path=n).data_file)
+                    referenced.add(self._parse_commit(path, number, at).data_file)
                 except (CheckpointError, FileNotFoundError):
-                    unreadable.add(pos)  # keep its position's data files: they may be its data
+                    # Keep the data files it may name: its position's (format 1), or all of
+                    # them (an unreadable format-2 commit does not say its position).
+                    if at is not None:
+                        unreadable.add(at)
+                    else:
+                        any_unreadable_chain = True
             for n in names:
                 if n.startswith(TMP_PREFIX):
                     out.append((f"{seq_dir}/{n}", n))
                     continue
                 pos = parse_data_name(n)
-                if pos is not None and n not in referenced and pos not in unreadable:
+                if (
+                    pos is not None
+                    and n not in referenced
+                    and pos not in unreadable
+                    and not any_unreadable_chain
+                ):
                     out.append((f"{seq_dir}/{n}", n))
         return out
 

@@ -144,16 +144,19 @@ def write_raw_commit(
     root: str, seq_id: str, position: int, data: bytes, /, **manifest_fields: Any
 ) -> tuple[str, str]:
     """Write ``data`` as the commit of ``seq_id`` at ``position`` under the local ``root``, with a
-    manifest whose size and sha256 match ``data`` (so restore reaches the checks inside the
-    file).  ``manifest_fields`` override fields.  Returns (manifest path, data path)."""
+    consistent format-2 manifest whose size and sha256 match ``data`` (so restore reaches the
+    checks inside the file): commit number ``position + 1`` unless ``commit=`` says otherwise,
+    so that newer positions are newer commits.  ``manifest_fields`` override fields (``history``
+    too).  Returns (manifest path, data path)."""
     import hashlib
     from dataclasses import replace
 
     from .codec import FORMAT_VERSION, MIN_READER_VERSION
-    from .manifest import Manifest
-    from .paths import data_name, encode_seq_dir, manifest_name
+    from .manifest import History, Manifest
+    from .paths import commit_name, data_name, encode_seq_dir
 
     sha = hashlib.sha256(data).hexdigest()
+    commit = manifest_fields.pop("commit", position + 1)
     m = Manifest(
         format_version=FORMAT_VERSION,
         min_reader_version=MIN_READER_VERSION,
@@ -167,12 +170,13 @@ def write_raw_commit(
         size=len(data),
         sha256=sha,
         digest=manifest_fields.pop("digest", "sha256:" + "0" * 64),
+        history=History(commit=commit, parent_position=0, final_chunk=-1, digests=b""),
     )
     m = replace(m, **manifest_fields)
     folder = os.path.join(root, encode_seq_dir(seq_id))
     os.makedirs(folder, exist_ok=True)
     dpath = os.path.join(folder, m.data_file)
-    mpath = os.path.join(folder, manifest_name(position))
+    mpath = os.path.join(folder, commit_name(commit))
     with open(dpath, "wb") as f:
         f.write(data)
     with open(mpath, "wb") as f:
@@ -202,3 +206,12 @@ def rewrite_state_file(
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_batch(table)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def reseal_manifest(fields: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 manifest object edited by a test, with its ``check`` recomputed (a forged but
+    self-consistent manifest, so that the checks behind the check sum are reached)."""
+    from .manifest import _check_of
+
+    body = {k: v for k, v in fields.items() if k != "check"}
+    return body | {"check": _check_of(body)}

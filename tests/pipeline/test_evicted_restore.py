@@ -1,4 +1,4 @@
-"""An evicted sequence refuses a newer checkpoint that another job wrote to the same store.
+"""A job never continues a sequence history that another job on the same store advanced.
 
 Drives the stateful DoFn directly with in-memory stand-ins for Beam's state cells, so the idle
 timer can be fired at a chosen moment.
@@ -55,15 +55,19 @@ class _Key:
             RawAttentionStep(backend="numpy"), checkpoint_dir=checkpoint_dir, checkpoint_every=4
         )
         self.fn.setup()
-        self.state, self.meta, self.buffer, self.timer = _Cell(), _Cell(), _Bag(), _Timer()
+        self.state, self.meta, self.digests, self.bufidx = _Cell(), _Cell(), _Cell(), _Cell()
+        self.buffer, self.outbuf, self.outsum, self.timer = _Bag(), _Bag(), _Cell(), _Timer()
+
+    def _cells(self) -> tuple:
+        cells = (self.state, self.meta, self.digests, self.bufidx, self.buffer, self.outbuf)
+        return (*cells, self.outsum)
 
     def send(self, index: int, data: dict) -> list:
         element = ("s", Chunk("s", index, data))
-        args = (self.state, self.meta, self.buffer, self.timer)
-        return list(self.fn.process(element, Timestamp(0), *args))
+        return list(self.fn.process(element, Timestamp(0), *self._cells(), self.timer))
 
     def idle(self) -> list:
-        return list(self.fn.on_idle("s", self.state, self.meta, self.buffer))
+        return list(self.fn.on_idle("s", *self._cells()))
 
 
 def _data(seed: int) -> dict:
@@ -78,14 +82,33 @@ def test_returning_sequence_refuses_a_checkpoint_written_by_another_job(tmp_path
         other_job.send(i, chunks[i])
     other_job.fn._store.flush()
 
-    job = _Key(str(tmp_path))  # resume off, same store
+    job = _Key(str(tmp_path))  # resume off, same store: its history starts anew
     for i in range(2):
         assert all(isinstance(o, ChunkResult) for o in job.send(i, chunks[i]))
-    job.idle()  # commits next chunk 2 and clears Beam state
-    job.fn._store.flush()
+    # Its first commit would be commit 1 of the chain, which the other job holds: refused.
+    dead = [o.value for o in job.idle() if isinstance(o, TaggedOutput)]
+    assert [(d.chunk_index, d.reason) for d in dead] == [(0, "fenced"), (1, "fenced")]
+    assert "another job advanced this sequence" in dead[0].message
+    outputs = job.send(2, chunks[2])
+    dead = [o.value for o in outputs if isinstance(o, TaggedOutput)]
+    assert [(d.chunk_index, d.reason) for d in dead] == [(2, "fenced")]
+    assert not [o for o in outputs if isinstance(o, ChunkResult)]
+    # The other job's history is untouched.
+    assert job.fn._store.restore("s", fingerprint=job.fn.step.fingerprint).next_chunk == 12
 
+
+def test_evicted_sequence_refuses_a_history_another_job_advanced(tmp_path):
+    chunks = [_data(i) for i in range(8)]
+    job = _Key(str(tmp_path))
+    for i in range(2):
+        job.send(i, chunks[i])
+    job.idle()  # commit 1 (next chunk 2), Beam state cleared
+    other = _Key(str(tmp_path))
+    other.fn.resume = True
+    for i in range(2, 6):  # continues the same history: commit 2
+        other.send(i, chunks[i])
+    other.idle()
     outputs = job.send(2, chunks[2])
     dead = [o.value for o in outputs if isinstance(o, TaggedOutput)]
     assert [(d.chunk_index, d.reason) for d in dead] == [(2, "restore_failed")]
-    assert "another job wrote to this checkpoint directory" in dead[0].message
-    assert not [o for o in outputs if isinstance(o, ChunkResult)]
+    assert "another job advanced it" in dead[0].message

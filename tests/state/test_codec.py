@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.state import (
+    FORMAT_VERSION,
     CorruptCheckpointError,
     ModelMismatchError,
     NonFiniteStateError,
@@ -68,8 +69,8 @@ def test_schema_is_fixed_shape_tensor_with_metadata():
     assert list(schema.field("z").type.shape) == [2, 3, 4]
     assert schema.field("S").type.value_type == pa.float32()
     meta = {k.decode(): v.decode() for k, v in schema.metadata.items()}
-    assert meta["linstream.format_version"] == "1"
-    assert meta["linstream.min_reader_version"] == "1"
+    assert meta["linstream.format_version"] == str(FORMAT_VERSION) == "2"
+    assert meta["linstream.min_reader_version"] == "2"
     assert meta["linstream.fingerprint"] == state.fingerprint
     assert meta["linstream.state_dtype"] == "float32"
     assert meta["linstream.digest"].startswith("sha256:")
@@ -130,17 +131,19 @@ def test_other_model_is_refused():
 
 def test_newer_format_names_both_versions():
     data = rewrite_state_file(
-        encode_state(random_state(6)), metadata={"format_version": "2", "min_reader_version": "2"}
+        encode_state(random_state(6)), metadata={"format_version": "3", "min_reader_version": "3"}
     )
-    with pytest.raises(UnsupportedFormatVersionError, match=r"version 2.*1 to 1") as info:
+    with pytest.raises(UnsupportedFormatVersionError, match=r"version 3.*1 to 2") as info:
         decode_state(data)
-    assert (info.value.found, info.value.supported) == (2, 1)
+    assert (info.value.found, info.value.supported) == (3, 2)
 
 
-def test_newer_format_readable_by_old_readers_is_read():
+@pytest.mark.parametrize("version", ["1", "3"])
+def test_format_readable_by_this_reader_is_read(version):
+    # Format 1 (older) and a newer format that declares this reader able to read it.
     state = random_state(7)
     data = rewrite_state_file(
-        encode_state(state), metadata={"format_version": "2", "min_reader_version": "1"}
+        encode_state(state), metadata={"format_version": version, "min_reader_version": "1"}
     )
     assert decode_state(data) == state
 

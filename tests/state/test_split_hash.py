@@ -16,7 +16,7 @@ from linstream.state import codec as codec_mod
 from linstream.state import store as store_mod
 from linstream.state.codec import DigestHint, digest_of_bytes, state_digest, tensor_ranges
 from linstream.state.manifest import split_file_hash
-from linstream.state.testing import flip_bit, random_state, write_raw_commit
+from linstream.state.testing import flip_bit, random_state, reseal_manifest, write_raw_commit
 
 FP = "f" * 64
 
@@ -42,7 +42,7 @@ def test_manifest_keeps_the_format_1_fields_and_adds_the_split_hash(tmp_path, dt
     # a format-1 reader checks these two: they are what they always were
     assert m["sha256"] == hashlib.sha256(data).hexdigest()
     assert m["digest"] == state_digest(st.seq_id, st.position, st.next_chunk, FP, st.S, st.z)
-    assert (m["format_version"], m["min_reader_version"]) == (1, 1)
+    assert (m["format_version"], m["min_reader_version"]) == (2, 2)
     s_off, s_len, z_off, z_len = m["tensor_ranges"]
     assert data[s_off : s_off + s_len] == st.S.tobytes()
     assert data[z_off : z_off + z_len] == st.z.tobytes()
@@ -125,7 +125,7 @@ def test_shifted_tensor_ranges_fail_the_split_hash(tmp_path):
     s_off, s_len, z_off, z_len = m["tensor_ranges"]
     m["tensor_ranges"] = [s_off - 8, s_len, z_off, z_len]
     with open(info.manifest_path, "w") as f:
-        json.dump(m, f)
+        json.dump(reseal_manifest(m), f)
     with pytest.raises(CorruptCheckpointError, match="split hash"):
         CheckpointStore(str(tmp_path)).restore(st.seq_id, fingerprint=FP)
 
@@ -136,7 +136,7 @@ def test_split_hash_without_ranges_is_refused(tmp_path):
     m = _manifest(info)
     del m["tensor_ranges"]
     with open(info.manifest_path, "w") as f:
-        json.dump(m, f)
+        json.dump(reseal_manifest(m), f)
     with pytest.raises(CorruptCheckpointError, match="tensor_ranges"):
         CheckpointStore(str(tmp_path)).restore(st.seq_id, fingerprint=FP)
 

@@ -20,6 +20,7 @@ from linstream.state import (
     ModelMismatchError,
     NonFiniteStateError,
     SequenceState,
+    SupersededError,
     encode_state,
 )
 from linstream.state.paths import decode_seq_dir, encode_seq_dir
@@ -250,16 +251,20 @@ def test_case_folding_cannot_merge_ids():
     assert len(folded) == len(ids)
 
 
-def test_a_late_retry_of_an_old_position_is_pruned_again(root):
+def test_a_late_retry_of_a_pruned_commit_cannot_fork_the_history(root):
     store = CheckpointStore(root)
     st = random_state(12)
     states = [dataclasses.replace(st, position=p, next_chunk=p) for p in (1, 2, 3)]
     for s in states:
         store.commit(s)
     store.flush()
-    assert store.commit(states[0]) == "committed"  # its manifest was pruned: nothing to compare
+    # Commit 1 was removed by retention, so its number is free: creating it again would fork
+    # the history, and is undone and refused.
+    with pytest.raises(SupersededError, match="moved on to commit 3"):
+        store.commit(states[0])
     store.close()
-    assert [c.position for c in store.commits(st.seq_id)] == [3, 2]
+    assert [(c.commit, c.position) for c in store.commits(st.seq_id)] == [(3, 3), (2, 2)]
+    assert store.restore(st.seq_id, fingerprint=FP) == states[2]
 
 
 def test_commit_requires_a_state(root):
@@ -298,7 +303,7 @@ def test_checks_run_in_the_documented_order(tmp_path):
     data = encode_state(st0)
     # newer format AND a wrong size: the version is reported
     _, dpath = write_raw_commit(
-        str(tmp_path), st0.seq_id, st0.position, data, format_version=2, min_reader_version=2
+        str(tmp_path), st0.seq_id, st0.position, data, format_version=3, min_reader_version=3
     )
     truncate(dpath, 10)
     with pytest.raises(UnsupportedFormatVersionError):

@@ -1,0 +1,165 @@
+"""Small values the stateful stage keeps beside a sequence's state: the per-key meta record, the
+index of buffered chunks, the window of applied chunks' digests, and a chunk's content digest.
+
+Each is packed into bytes for a Beam read-modify-write state cell, so that ordering decisions
+never read the bag of buffered chunks: only a drain (the next chunk to apply arrived, and the
+index says chunks right behind it are buffered) reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from linstream.state import DIGEST_BYTES, MAX_DIGESTS
+
+__all__ = ["BufferIndex", "DigestWindow", "Meta", "chunk_digest"]
+
+# final_index, committed_next, n_buffered, flags, timer target (micros), commit number,
+# position of the last commit
+_META = struct.Struct("<qqqBqqq")
+_EVICTED, _SEEN, _FENCED = 1, 2, 4
+
+
+class Meta:
+    """Per-sequence bookkeeping (one small state cell)."""
+
+    __slots__ = (
+        "commit_no",
+        "committed_next",
+        "committed_position",
+        "evicted",
+        "fenced",
+        "final_index",
+        "n_buffered",
+        "seen",
+        "timer_micros",
+    )
+
+    def __init__(self, raw: bytes | None) -> None:
+        if raw:
+            fi, cn, nb, fl, tm, no, cp = _META.unpack(raw)
+        else:
+            fi, cn, nb, fl, tm, no, cp = -1, -1, 0, 0, MIN_TIMESTAMP.micros, 0, 0
+        self.final_index, self.committed_next, self.n_buffered = fi, cn, nb
+        self.evicted, self.seen, self.fenced = (
+            bool(fl & _EVICTED),
+            bool(fl & _SEEN),
+            bool(fl & _FENCED),
+        )
+        self.timer_micros, self.commit_no, self.committed_position = tm, no, cp
+
+    def pack(self) -> bytes:
+        flags = (
+            (_EVICTED if self.evicted else 0)
+            | (_SEEN if self.seen else 0)
+            | (_FENCED if self.fenced else 0)
+        )
+        return _META.pack(
+            self.final_index,
+            self.committed_next,
+            self.n_buffered,
+            flags,
+            self.timer_micros,
+            self.commit_no,
+            self.committed_position,
+        )
+
+
+# The digest as raw bytes (a fixed-width "S" field would drop trailing NUL bytes).
+_ROW = np.dtype([("index", "<i8"), ("digest", "u1", (DIGEST_BYTES,))])
+
+
+class BufferIndex:
+    """The chunk numbers (and content digests) of the chunks waiting in the bag, sorted."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, raw: bytes | None) -> None:
+        self.rows = np.frombuffer(raw, _ROW).copy() if raw else np.zeros(0, _ROW)
+
+    def pack(self) -> bytes:
+        return self.rows.tobytes()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def find(self, index: int) -> bytes | None:
+        """The digest of buffered chunk ``index``, or None."""
+        i = int(np.searchsorted(self.rows["index"], index))
+        if i < len(self.rows) and int(self.rows["index"][i]) == index:
+            return self.rows["digest"][i].tobytes()
+        return None
+
+    def add(self, index: int, digest: bytes) -> None:
+        i = int(np.searchsorted(self.rows["index"], index))
+        row = np.zeros(1, _ROW)
+        row["index"] = index
+        row["digest"] = np.frombuffer(digest, np.uint8)
+        self.rows = np.insert(self.rows, i, row)
+
+    def run_from(self, start: int) -> int:
+        """How many chunks ``start, start + 1, ...`` are buffered without a hole."""
+        idx = self.rows["index"]
+        i = int(np.searchsorted(idx, start))
+        run = idx[i:] - start
+        holes = np.nonzero(run != np.arange(len(run)))[0]
+        return int(holes[0]) if len(holes) else len(run)
+
+    def drop_below(self, index: int) -> None:
+        self.rows = self.rows[self.rows["index"] >= index]
+
+    def above(self, index: int) -> np.ndarray:
+        """Buffered chunk numbers above ``index``."""
+        return self.rows["index"][self.rows["index"] > index]
+
+
+class DigestWindow:
+    """Content digests of the newest applied chunks (at most MAX_DIGESTS), for chunks
+    ``next_chunk - len .. next_chunk - 1``: a resent chunk is compared with what was applied."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, raw: bytes | None) -> None:
+        self.data = bytes(raw or b"")
+
+    def __len__(self) -> int:
+        return len(self.data) // DIGEST_BYTES
+
+    def push(self, digest: bytes) -> None:
+        if len(digest) != DIGEST_BYTES:
+            msg = f"a chunk digest has {DIGEST_BYTES} bytes, got {len(digest)}"
+            raise ValueError(msg)
+        self.data = (self.data + digest)[-MAX_DIGESTS * DIGEST_BYTES :]
+
+    def get(self, index: int, next_chunk: int) -> bytes | None:
+        """The digest of applied chunk ``index``, or None when it is outside the window."""
+        k = index - (next_chunk - len(self))
+        if not 0 <= k < len(self):
+            return None
+        return self.data[k * DIGEST_BYTES : (k + 1) * DIGEST_BYTES]
+
+
+def chunk_digest(data: Any, final: bool) -> bytes:
+    """BLAKE2b of a validated payload (arrays or a mapping of arrays) and its final flag."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h.update(b"F" if final else b"-")
+    _feed(h, data)
+    return h.digest()
+
+
+def _feed(h: Any, data: Any) -> None:
+    if isinstance(data, Mapping):
+        for key in sorted(data):
+            h.update(f"k{key}\x00".encode())
+            _feed(h, data[key])
+        return
+    arr = np.ascontiguousarray(data)
+    if arr.dtype.kind in "iu":  # token ids: the same ids are the same chunk, whatever the width
+        arr = arr.astype("<i8")
+    h.update(f"a{arr.dtype.str}{list(arr.shape)}\x00".encode())
+    h.update(arr.data)
