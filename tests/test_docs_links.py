@@ -7,6 +7,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "deploy" / "README.md"]
+DOCS += sorted(set((ROOT / "docs").glob("*.md")) - set(DOCS))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
