@@ -35,6 +35,7 @@ __all__ = [
     "fingerprint",
     "init_weights",
     "read_model",
+    "read_model_header",
     "weight_specs",
     "write_model",
     "write_model_bytes",
@@ -181,16 +182,25 @@ def _checked_tensors(config: ModelConfig, weights: Mapping[str, Any]) -> dict[st
     return tensors
 
 
-def _metadata(config: ModelConfig) -> dict[str, str]:
-    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json()}
+def _metadata(config: ModelConfig, tokenizer: str | None = None) -> dict[str, str]:
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json()}
+    if tokenizer:
+        meta["tokenizer"] = tokenizer
+    return meta
 
 
 def write_model(
-    path: str | os.PathLike[str], config: ModelConfig, weights: Mapping[str, Any]
+    path: str | os.PathLike[str],
+    config: ModelConfig,
+    weights: Mapping[str, Any],
+    *,
+    tokenizer: str | None = None,
 ) -> None:
     """Write a model file (safetensors, config JSON in the metadata).  Refuses weights that do
-    not match `weight_specs(config)`, so every written file loads."""
-    data = write_model_bytes(config, weights)
+    not match `weight_specs(config)`, so every written file loads.  `tokenizer` names the
+    tokenizer its token ids come from (`builtin:bytes`, or a tokenizer.json path or URL; a
+    relative path is relative to the model file's folder), under the metadata key `tokenizer`."""
+    data = write_model_bytes(config, weights, tokenizer=tokenizer)
     target = os.fspath(path)
     tmp = f"{target}.tmp-{os.getpid()}"
     try:  # write then rename: a crash never leaves a half-written model under the real name
@@ -202,11 +212,14 @@ def write_model(
             os.unlink(tmp)
 
 
-def write_model_bytes(config: ModelConfig, weights: Mapping[str, Any]) -> bytes:
+def write_model_bytes(
+    config: ModelConfig, weights: Mapping[str, Any], *, tokenizer: str | None = None
+) -> bytes:
     """The bytes `write_model` would write."""
     from safetensors.numpy import save
 
-    return bytes(save(_checked_tensors(config, weights), metadata=_metadata(config)))
+    meta = _metadata(config, tokenizer)
+    return bytes(save(_checked_tensors(config, weights), metadata=meta))
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -252,6 +265,15 @@ def _config_from_header(header: dict[str, Any], source: str) -> ModelConfig:
     except (TypeError, ValueError) as ex:
         msg = f"{source}: the model config in the file's metadata is invalid: {ex}"
         raise ModelFileError(msg) from ex
+
+
+def read_model_header(data: bytes, *, name: str = "<model>") -> tuple[ModelConfig, str | None]:
+    """(config, named tokenizer or None) from a model file's first bytes (the 8-byte length and
+    the JSON header are enough), without reading the tensors."""
+    header = _read_header(data, name)
+    config = _config_from_header(header, name)
+    tokenizer = header["__metadata__"].get("tokenizer")
+    return config, tokenizer if isinstance(tokenizer, str) and tokenizer else None
 
 
 def _check_header_tensors(config: ModelConfig, header: dict[str, Any], source: str) -> None:

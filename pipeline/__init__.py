@@ -1,7 +1,25 @@
-"""linstream.pipeline: Beam transforms, the stateful DoFn, I/O and the `linstream` command."""
+"""linstream.pipeline: Beam transforms, the stateful DoFn, I/O and the `linstream` command.
 
-from .elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder, DeadLetter, DeadLetterCoder
-from .transforms import CausalLinearAttention, EmbedSequences
+Names are imported on first use, so that `linstream --help` and `linstream checkpoint ...` start
+without importing Beam.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .elements import (
+        Chunk,
+        ChunkCoder,
+        ChunkResult,
+        ChunkResultCoder,
+        DeadLetter,
+        DeadLetterCoder,
+    )
+    from .text_input import ToChunks, read_input
+    from .transforms import CausalLinearAttention, EmbedSequences
 
 __all__ = [
     "CausalLinearAttention",
@@ -12,4 +30,30 @@ __all__ = [
     "DeadLetter",
     "DeadLetterCoder",
     "EmbedSequences",
+    "ToChunks",
+    "read_input",
 ]
+
+_WHERE = {
+    "CausalLinearAttention": ".transforms",
+    "EmbedSequences": ".transforms",
+    "ToChunks": ".text_input",
+    "read_input": ".text_input",
+    **dict.fromkeys(
+        ["Chunk", "ChunkCoder", "ChunkResult", "ChunkResultCoder", "DeadLetter", "DeadLetterCoder"],
+        ".elements",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,4 +1,4 @@
-"""`linstream checkpoint inspect|verify`: look into a checkpoint store (no Beam imported).
+"""`linstream checkpoint inspect|verify|gc`: look into and tidy a checkpoint store (no Beam).
 
 A store's files are untrusted: every bad file (damaged, truncated, nested or oversized JSON, a
 directory/FIFO/device in a file's place, a symbolic link, a state that would decompress beyond
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["add_checkpoint_parser", "cmd_inspect", "cmd_verify", "main"]
+__all__ = ["add_checkpoint_parser", "cmd_gc", "cmd_inspect", "cmd_verify", "main"]
 
 
 def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -30,12 +31,36 @@ def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="table of the sequences and their newest commit")
     inspect.add_argument("root", metavar="ROOT", help="store root: a path or fsspec URL")
     inspect.add_argument("--seq", metavar="ID", help="show only this sequence id")
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object a line per sequence (seq_id, position, next_chunk, commits, "
+        "bytes, fingerprint, s_norm, z_norm, error) instead of the table",
+    )
     inspect.set_defaults(func=cmd_inspect)
     verify = sub.add_parser(
         "verify", help="check every commit; exit 1 listing each bad file and why"
     )
     verify.add_argument("root", metavar="ROOT", help="store root: a path or fsspec URL")
     verify.set_defaults(func=cmd_verify)
+    gc = sub.add_parser(
+        "gc",
+        help="remove orphan data files and stale temporaries older than the grace period, "
+        "and commits beyond the newest --keep per sequence",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    gc.add_argument("root", metavar="ROOT", help="store root: a path or fsspec URL")
+    gc.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="keep orphans younger than this (a commit in flight writes its data file first): "
+        "longer than any commit of a running job takes",
+    )
+    gc.add_argument("--keep", type=int, default=2, metavar="N", help="commits kept per sequence")
+    gc.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    gc.set_defaults(func=cmd_gc)
     return parser
 
 
@@ -84,6 +109,10 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if store is None:
         return 2
     seq_ids = [args.seq] if args.seq is not None else store.sequences()
+    if getattr(args, "json", False):
+        for seq_id in seq_ids:
+            print(json.dumps(_inspect_record(store, seq_id), sort_keys=True), file=out)
+        return 0
     header = ("sequence", "position", "next_chunk", "commits", "bytes", "fingerprint", "|S|", "|z|")
     rows: list[tuple[str, ...]] = []
     bad = 0
@@ -133,6 +162,68 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for r in [header, *rows]:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip(), file=out)
     return 1 if bad else 0
+
+
+def _inspect_record(store: Any, seq_id: str) -> dict[str, Any]:
+    """One sequence for `inspect --json`: its newest readable commit (None fields when none)."""
+    from linstream.state import CheckpointError
+
+    commits = store.commits(seq_id)
+    rec: dict[str, Any] = {
+        "seq_id": seq_id,
+        "commits": len(commits),
+        "bytes": sum(c.size or 0 for c in commits),
+        "position": None,
+        "next_chunk": None,
+        "fingerprint": None,
+        "s_norm": None,
+        "z_norm": None,
+        "error": None,
+    }
+    errors = []
+    for c in commits:
+        try:
+            st = store.read_commit(seq_id, c.position)
+        except CheckpointError as ex:
+            errors.append(str(ex))
+            continue
+        s_norm, z_norm = st.norms()
+        rec.update(
+            position=int(st.position),
+            next_chunk=int(st.next_chunk),
+            fingerprint=st.fingerprint,
+            s_norm=float(s_norm),
+            z_norm=float(z_norm),
+        )
+        break
+    if errors:
+        rec["error"] = "; ".join(errors)
+    return rec
+
+
+@_one_line_errors
+def cmd_gc(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Remove orphans older than the grace period and commits beyond ``--keep``."""
+    from linstream.state import CheckpointStore
+
+    out = out or sys.stdout
+    if args.keep < 2:
+        print("linstream checkpoint gc: --keep must be at least 2", file=sys.stderr)
+        return 2
+    if _open(args.root, sys.stderr) is None:
+        return 2
+    store = CheckpointStore(args.root, keep=args.keep)
+    if args.dry_run:
+        orphans = store.orphans()
+        for path in orphans:
+            print(f"orphan {path}", file=out)
+        print(f"dry run: {len(orphans)} orphan file(s) under {args.root}", file=out)
+        return 0
+    removed = store.gc(grace_seconds=args.grace_seconds)
+    for path in removed:
+        print(f"removed {path}", file=out)
+    print(f"gc: removed {len(removed)} file(s) under {args.root}", file=out)
+    return 0
 
 
 @_one_line_errors

@@ -107,7 +107,9 @@ def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
     def job(name: str, **kw: Any) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
         out = os.path.join(workdir, "out", name)
         shutil.rmtree(out, ignore_errors=True)
-        summary = run_embed(_job_args(output=out, **common, **kw), beam_args)
+        summary = run_embed(
+            _job_args(output=out, **common, **kw), beam_args, log=lambda line: print(f"  {line}")
+        )
         runs.append((name, summary))
         print(f"  {name:<14} {summary.line()}")
         dead = read_dead_letters(out)

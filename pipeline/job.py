@@ -17,15 +17,21 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from .core import EMIT_MODES, NAMESPACE
-from .io import ReadChunks, WriteDeadLetters, WriteResults
+from .core import NAMESPACE
+from .io import WriteDeadLetters, WriteResults
+from .options import UsageError
+from .options import add_embed_arguments as add_flags
+from .text_input import read_input
 from .transforms import EmbedSequences
 
 __all__ = [
     "DEFAULT_LOCAL_RUNNER",
+    "JobFailed",
     "JobSummary",
     "add_embed_arguments",
     "build_embed_pipeline",
+    "check_embed_args",
+    "dead_letter_verdict",
     "pipeline_options",
     "run_embed",
 ]
@@ -35,54 +41,9 @@ DEFAULT_LOCAL_RUNNER = "FnApiRunner"
 
 
 def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
-    """The embed job's own options; anything else is a Beam pipeline option."""
-    parser.add_argument("--input", help="chunk Parquet file(s): a glob, or globs joined by ','")
-    parser.add_argument("--output", required=True, help="directory for results and dead letters")
-    parser.add_argument("--model", default="builtin:default", help="model spec or .safetensors")
-    parser.add_argument("--checkpoint-dir", default=None, help="checkpoint store root")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue sequences from --checkpoint-dir"
-    )
-    parser.add_argument(
-        "--emit",
-        choices=EMIT_MODES,
-        default="mean",
-        help="what to write: one vector per chunk (mean or last of its tokens), one per "
-        "finished sequence (the mean over all its tokens), or one per token (large: d_model "
-        "floats per token)",
-    )
-    parser.add_argument("--backend", default="auto", choices=("auto", "numpy", "numba", "cupy"))
-    parser.add_argument("--checkpoint-every", type=int, default=16, metavar="N")
-    parser.add_argument(
-        "--restore-fallback",
-        action="store_true",
-        help="when a sequence's newest checkpoint is corrupt, continue from the previous one "
-        "(logged); without it that sequence's chunks go to the dead letters",
-    )
-    parser.add_argument(
-        "--max-buffered-chunks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="dead-letter chunks more than N ahead of the next one to apply (default: no "
-        "bound in Beam state; set one for streaming jobs)",
-    )
-    parser.add_argument(
-        "--idle-timeout", type=float, default=300.0, metavar="S", help="event-time seconds"
-    )
-    parser.add_argument("--state-dtype", choices=("float64", "float32"), default="float64")
-    parser.add_argument("--num-shards", type=int, default=0, help="result shards (0: runner's)")
-    parser.add_argument(
-        "--progress-every", type=float, default=10.0, metavar="S", help="0 turns progress off"
-    )
-    parser.add_argument(
-        "--streaming",
-        action="store_true",
-        help="read an unbounded source (pipeline/streaming_sources.py; Pub/Sub, Kafka)",
-    )
-    parser.add_argument(
-        "--window-seconds", type=float, default=60.0, help="output windows with --streaming"
-    )
+    """The embed job's own options (`linstream.pipeline.options.EMBED_FLAGS`, both spellings of
+    each) and the streaming sources'; anything else is a Beam pipeline option."""
+    add_flags(parser)
     if _has_streaming_sources():
         from . import streaming_sources
 
@@ -107,6 +68,13 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     if isinstance(args, dict):
         return args.get(name, default)
     return getattr(args, name, default)
+
+
+def _set(args: Any, name: str, value: Any) -> None:
+    if isinstance(args, dict):
+        args[name] = value
+    else:
+        setattr(args, name, value)
 
 
 def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
@@ -150,11 +118,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
             pipeline, args, with_dead_letters=True
         )
     else:
-        if not _get(args, "input"):
-            msg = "--input is required (or --streaming with a stream source)"
-            raise ValueError(msg)
-        chunks = pipeline | "ReadChunks" >> ReadChunks(_get(args, "input"))
-        source_dead = None
+        chunks, source_dead = read_input(pipeline, args)
     results, dead = chunks | "Embed" >> transform.with_exception_handling()
     if source_dead is not None:
         dead = (dead, source_dead) | "AllDeadLetters" >> beam.Flatten()
@@ -168,6 +132,10 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
     dead | "WriteDeadLetters" >> WriteDeadLetters(output)
     return results, dead
+
+
+class JobFailed(RuntimeError):
+    """The Beam run itself failed (exit status 1); the runner's error is the cause."""
 
 
 @dataclass
@@ -186,6 +154,23 @@ class JobSummary:
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def dead_letters(self) -> int:
+        return self.counters.get("dead_letters", 0)
+
+    def dead_letter_reasons(self) -> dict[str, int]:
+        """{reason: count} from the `dead_letters.<reason>` counters, largest first."""
+        prefix = "dead_letters."
+        found = {k[len(prefix) :]: v for k, v in self.counters.items() if k.startswith(prefix)}
+        return dict(sorted(((k, v) for k, v in found.items() if v), key=lambda kv: (-kv[1], kv[0])))
+
+    def dead_letter_line(self) -> str:
+        """`dead letters: 3 (bad_tokens 2, restore_failed 1)` or `dead letters: none`."""
+        if not self.dead_letters:
+            return "dead letters: none"
+        reasons = ", ".join(f"{k} {v:,}" for k, v in self.dead_letter_reasons().items())
+        return f"dead letters: {self.dead_letters:,}" + (f" ({reasons})" if reasons else "")
+
     def line(self) -> str:
         c = self.counters
         return (
@@ -195,6 +180,32 @@ class JobSummary:
             f"dead letters {c.get('dead_letters', 0)}, commits {c.get('commits', 0)}, "
             f"restores {c.get('restores', 0)}"
         )
+
+
+def dead_letter_verdict(summary: JobSummary, limit: Any = None) -> str | None:
+    """Why the job must exit 3 (a sentence), or None.
+
+    The rule: any `restore_failed` dead letter (a sequence's checkpoint could not be read, so
+    none of its chunks was embedded); a job whose chunks all went to the dead letters; or more
+    dead letters than `--max-dead-letters` (N, or P% of applied chunks + dead letters).
+    """
+    if isinstance(limit, str):
+        from .options import parse_dead_letter_limit
+
+        limit = parse_dead_letter_limit(limit)
+    dead, chunks = summary.dead_letters, summary.counters.get("chunks", 0)
+    restore_failed = summary.counters.get("dead_letters.restore_failed", 0)
+    if restore_failed:
+        return (
+            f"{restore_failed:,} chunk(s) went to the dead letters as restore_failed: their "
+            "sequences' checkpoints could not be read (see `linstream checkpoint verify`; "
+            "--restore-fallback continues from an older commit)"
+        )
+    if dead and not chunks:
+        return f"all {dead:,} input chunk(s) or row(s) went to the dead letters; none was embedded"
+    if limit is not None and limit.exceeded(dead, chunks):
+        return f"{dead:,} dead letter(s) exceed --max-dead-letters {limit}"
+    return None
 
 
 def _query_metrics(result: Any) -> tuple[dict[str, int], float]:
@@ -218,21 +229,100 @@ def _remove_empty_temp_dirs(output: str | None) -> None:
     """fileio leaves its emptied `.temp*` folder behind on local disk; tidy it."""
     if not output or not os.path.isdir(output):
         return
-    for name in os.listdir(output):
-        path = os.path.join(output, name)
-        if name.startswith(".temp") and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)
+    for dirpath in (output, os.path.join(output, "results"), os.path.join(output, "dead_letters")):
+        if not os.path.isdir(dirpath):
+            continue
+        for name in os.listdir(dirpath):
+            path = os.path.join(dirpath, name)
+            if name.startswith(".temp") and os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
 
 
-def run_embed(args: Any, beam_args: list[str] | None = None) -> JobSummary:
-    """Build and run the embed job to completion (local runners); return its summary."""
-    opts = pipeline_options(beam_args or [], streaming=bool(_get(args, "streaming", False)))
+def check_embed_args(args: Any, beam_args: list[str]) -> None:
+    """Usage errors found before anything runs (UsageError, exit status 2)."""
+    if _get(args, "resume", False) and not _get(args, "checkpoint_dir"):
+        msg = "--resume needs --checkpoint-dir (the checkpoint store to continue from)"
+        raise UsageError(msg)
+    if not _get(args, "output"):
+        msg = "--output is required"
+        raise UsageError(msg)
+    if _get(args, "backend", "auto") == "cupy":
+        from linstream.ops.backend import cupy_unavailable_reason
+
+        reason = cupy_unavailable_reason()
+        if reason:
+            msg = f"--backend cupy: no usable GPU here ({reason}); use --backend auto or numba"
+            raise UsageError(msg)
+    runner = next(
+        (a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")),
+        None,
+    )
+    if runner is None and "--runner" in beam_args:
+        i = beam_args.index("--runner")
+        runner = beam_args[i + 1] if i + 1 < len(beam_args) else None
+    if runner is not None and not runner:
+        msg = "--runner needs a value (e.g. FnApiRunner, DataflowRunner)"
+        raise UsageError(msg)
+
+
+def numba_cache_is_cold() -> bool:
+    """Whether the Numba kernels will compile on first use (no on-disk cache for them yet)."""
+    from linstream.ops import numba_backend
+
+    cache = getattr(numba_backend._causal_chunked, "_cache", None)
+    index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+    return bool(index) and not os.path.exists(str(index))
+
+
+def _announce_compile(args: Any, log: Any) -> None:
+    from linstream.ops import resolve_backend
+
+    try:
+        backend = resolve_backend(_get(args, "backend", "auto"))
+    except Exception:  # reported where the job uses it
+        return
+    if backend == "numba" and numba_cache_is_cold():
+        log(
+            "compiling the Numba kernels for this machine (first run only, about 20-60 s; "
+            "cached for later runs)"
+        )
+
+
+def run_embed(args: Any, beam_args: list[str] | None = None, *, log: Any = None) -> JobSummary:
+    """Build and run the embed job to completion (local runners); return its summary.
+
+    Raises UsageError for what is wrong in `args` (before anything runs) and JobFailed when
+    the run itself fails.  `log(line)` receives the one-line notes (stale temporaries removed,
+    kernels compiling); default: the `linstream.pipeline.job` logger.
+    """
+    import logging
+
+    say = log or logging.getLogger(__name__).info
+    beam_args = list(beam_args or [])
+    check_embed_args(args, beam_args)
+    from .stopping import remove_stale_temporaries
+
+    output = _get(args, "output")
+    stale = remove_stale_temporaries(output)
+    if stale:
+        say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
+    if _get(args, "progress_every", 0) and not _get(args, "streaming", False):
+        from .text_input import input_token_total
+
+        _set(args, "total_tokens", input_token_total(args))  # for the progress line's ETA
+    opts = pipeline_options(beam_args, streaming=bool(_get(args, "streaming", False)))
     pipeline = beam.Pipeline(options=opts)
     build_embed_pipeline(pipeline, args)
+    runner = str(opts.get_all_options().get("runner") or "")
+    if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
+        _announce_compile(args, say)
     t0 = time.perf_counter()
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as ex:
+        raise JobFailed(str(ex)) from ex
     wall = time.perf_counter() - t0
-    _remove_empty_temp_dirs(_get(args, "output"))
+    _remove_empty_temp_dirs(output)
     counters, kernel_s = _query_metrics(result)
     return JobSummary(wall, counters, kernel_s)

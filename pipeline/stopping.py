@@ -1,0 +1,160 @@
+"""Stopping a local job cleanly: SIGINT/SIGTERM, worker processes, torn temporary folders.
+
+`run_stoppable(fn)` runs `fn` (the whole Beam run) in a thread that has SIGINT and SIGTERM
+blocked, as have every thread and worker process the runner starts from it (a blocked signal
+mask is inherited across fork and exec), so only the calling thread sees the signal: no worker
+prints a KeyboardInterrupt traceback.  On a signal it kills the job's worker processes (SIGKILL:
+the checkpoint commit protocol holds at any kill) and raises `Stopped`; the caller says what was
+finalized and how to resume, then leaves with `os._exit` (the runner's threads are not joined).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "Stopped",
+    "kill_descendants",
+    "remove_stale_temporaries",
+    "result_files",
+    "run_stoppable",
+]
+
+T = TypeVar("T")
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+#: Folders Beam's sinks write before their final move: fileio (`.temp<uuid>`) and the
+#: file-based sinks such as WriteToText (`beam-temp-<name>-<uuid>`).
+_TEMP_PREFIXES = (".temp", "beam-temp-")
+
+
+class Stopped(Exception):
+    """The job was stopped by `signum` (SIGINT or SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, whichever of its threads started them (Linux /proc)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def kill_descendants(pid: int | None = None) -> int:
+    """SIGKILL every process below `pid` (default: this one); returns how many."""
+    root = os.getpid() if pid is None else pid
+    todo, found = [root], []
+    while todo:
+        for child in _children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    for child in found:
+        with contextlib.suppress(OSError):  # already gone
+            os.kill(child, signal.SIGKILL)
+    return len(found)
+
+
+def run_stoppable(fn: Callable[[], T], poll_s: float = 0.2) -> T:
+    """`fn()` in a signal-blocked thread; raises `Stopped` on SIGINT/SIGTERM (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as ex:  # handed to the caller's thread
+            box["error"] = ex
+
+    got: list[int] = []
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    for s in _SIGNALS:
+        signal.signal(s, lambda signum, _frame: got.append(signum))
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        worker = threading.Thread(target=target, name="linstream-job", daemon=True)
+        worker.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    try:
+        while worker.is_alive() and not got:
+            worker.join(poll_s)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if got:
+        # The runner's threads fail as their workers die; they are stopped, not failing.
+        threading.excepthook = lambda _args: None
+        kill_descendants()
+        raise Stopped(got[0])
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]  # set by target
+    return value
+
+
+def _temp_dirs(output: str, depth: int = 3) -> list[str]:
+    found: list[str] = []
+    if not os.path.isdir(output):
+        return found
+    for name in os.listdir(output):
+        path = os.path.join(output, name)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if name.startswith(_TEMP_PREFIXES):
+            found.append(path)
+        elif depth > 1:
+            found.extend(_temp_dirs(path, depth - 1))
+    return found
+
+
+def remove_stale_temporaries(output: str | None, older_than_s: float = 0.0) -> list[str]:
+    """Remove the sinks' temporary folders under a local `output` (a stopped job's torn files).
+
+    Returns the removed folders.  Only for one job per output folder: another job running on
+    the same folder would lose its temporaries.
+    """
+    if not output or "://" in output:
+        return []
+    now = time.time()
+    removed = []
+    for path in _temp_dirs(output):
+        try:
+            if now - os.path.getmtime(path) >= older_than_s:
+                shutil.rmtree(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def result_files(output: str) -> int:
+    """Finalized result files under a local `<output>/results` (temporaries not counted)."""
+    root = os.path.join(output, "results")
+    n = 0
+    for _dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(_TEMP_PREFIXES)]
+        n += sum(1 for f in filenames if not f.startswith("."))
+    return n

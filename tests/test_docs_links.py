@@ -1,0 +1,42 @@
+"""README.md and docs/design.md stand alone: every link points inside the repository."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "deploy" / "README.md"]
+DOCS += sorted(set((ROOT / "docs").glob("*.md")) - set(DOCS))
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub-style anchors of a Markdown file's headings."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_stay_inside_the_repository(doc):
+    text = doc.read_text()
+    assert "DESIGN.md" not in text, f"{doc.name} names a DESIGN.md, which is not in the repository"
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        assert not path.startswith("/"), f"{doc.name}: absolute link {target}"
+        file = (doc.parent / path).resolve() if path else doc
+        assert file.is_relative_to(ROOT), f"{doc.name}: {target} points outside the repository"
+        assert file.exists(), f"{doc.name}: {target} does not exist"
+        if anchor and file.suffix == ".md":
+            assert anchor in _anchors(file.read_text()), f"{doc.name}: no heading #{anchor}"
+
+
+def test_placeholders_for_what_survives_a_crash_are_marked():
+    for doc in DOCS[:2]:
+        assert "## What survives a crash" in doc.read_text(), doc.name
