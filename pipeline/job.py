@@ -147,7 +147,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         results = results | "WindowResults" >> beam.WindowInto(FixedWindows(window))
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
     results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
-    dead | "WriteDeadLetters" >> WriteDeadLetters(output)
+    dead | "WriteDeadLetters" >> WriteDeadLetters(output, topic=_get(args, "dead_letter_topic"))
     return results, dead
 
 
