@@ -71,4 +71,6 @@ class PublishDeadLetters(beam.PTransform):
         self.publisher_factory = publisher_factory
 
     def expand(self, dead: Any) -> Any:
-        return dead | "PublishToPubSub" >> beam.ParDo(_PublishFn(self.topic, self.publisher_factory))
+        return dead | "PublishToPubSub" >> beam.ParDo(
+            _PublishFn(self.topic, self.publisher_factory)
+        )

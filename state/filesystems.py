@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from .paths import TMP_PREFIX
 
-__all__ = ["EXCLUSIVE_CREATE",
+__all__ = [
+    "EXCLUSIVE_CREATE",
     "FsspecStorage",
     "LocalStorage",
     "Storage",
