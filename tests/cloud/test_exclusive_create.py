@@ -52,7 +52,9 @@ def test_eight_processes_commit_one_position_exactly_one_wins(object_store, work
     outcomes = workers.commit_all(root, [encode_state(s) for s in states])
     winners = [i for i, o in enumerate(outcomes) if o == "committed"]
     assert len(winners) == 1, outcomes
-    assert all(o.startswith("DivergentStateError") for i, o in enumerate(outcomes) if i != winners[0])
+    assert all(
+        o.startswith("DivergentStateError") for i, o in enumerate(outcomes) if i != winners[0]
+    )
     store = CheckpointStore(root)
     assert store.restore(base.seq_id, fingerprint=FP) == states[winners[0]]
     assert store.verify() == []
