@@ -283,7 +283,7 @@ class _SinkFactory:
 
 
 def _output_bytes(result: ChunkResult) -> int:
-    return int(np.asarray(result.output).nbytes) + 64
+    return max(1, int(np.asarray(result.output).nbytes))
 
 
 class WriteResults(beam.PTransform):
