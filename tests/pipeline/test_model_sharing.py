@@ -28,7 +28,8 @@ def test_a_loaded_builtin_model_ships_as_its_name_not_its_weights():
 def test_a_loaded_model_from_an_url_ships_as_the_url(tmp_path):
     path = write_tiny_model(str(tmp_path / "m.safetensors"))
     url = "memory://models/tiny.safetensors"
-    fsspec.filesystem("memory").pipe_file("/models/tiny.safetensors", open(path, "rb").read())
+    with open(path, "rb") as f:
+        fsspec.filesystem("memory").pipe_file("/models/tiny.safetensors", f.read())
     step = pickler.loads(pickler.dumps(EmbedStep(load_model(url))))
     assert step._source == url and step._model is None
     step.setup()
