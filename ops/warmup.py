@@ -48,7 +48,7 @@ def warm_up(models: Sequence[str] = (), *, backend: str = "numba") -> list[str]:
                 inputs = (
                     np.zeros(t, dtype=np.int32)
                     if cfg.input_kind == "tokens"
-                    else np.zeros((t, cfg.input_dim), dtype=np.float32)
+                    else np.zeros((t, int(cfg.input_dim or 0)), dtype=np.float32)
                 )
                 model.embed_chunk(inputs, model.initial_states(state), backend=backend)
             done.append(f"model {spec} state {np.dtype(state).name}")

@@ -9,6 +9,7 @@ of losing the letter.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +32,8 @@ def dead_letter_message(d: DeadLetter) -> tuple[bytes, dict[str, str]]:
 
 
 def _pubsub_publisher() -> Any:
-    from google.cloud import pubsub_v1
-
+    # google-cloud-pubsub comes with apache-beam[gcp] (the `gcp` extra, every worker image).
+    pubsub_v1 = importlib.import_module("google.cloud.pubsub_v1")
     return pubsub_v1.PublisherClient()
 
 
