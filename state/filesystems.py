@@ -347,6 +347,13 @@ class FsspecStorage:
             self.fs.pipe_file(path, bytes(data), mode="create")
         except FileExistsError:
             return False
+        except (NotImplementedError, ValueError, TypeError) as ex:
+            msg = (
+                f"filesystem {self.protocol!r} cannot create {path} exclusively "
+                f"(pipe_file mode 'create'): {ex}; upgrade its fsspec implementation (gcsfs, "
+                "s3fs) to a version with exclusive writes"
+            )
+            raise UnsafeStorageError(msg) from ex
         return True
 
     def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:
