@@ -6,6 +6,7 @@ outputs equal the FnApiRunner's."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,14 +38,29 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> No
     pytest.fail(f"worker pool not listening on 127.0.0.1:{port} after {timeout} s")
 
 
+WORKERS = 2
+
+
 @pytest.fixture(scope="module")
 def job_server():
-    from apache_beam.runners.portability.local_job_service import LocalJobServicer
+    from apache_beam.runners.portability import local_job_service
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-    servicer = LocalJobServicer()
-    port = servicer.start_grpc_server(0)
-    yield f"localhost:{port}"
-    servicer.stop()
+    class Runner(fn_runner.FnApiRunner):
+        """The job service's runner with WORKERS SDK workers per environment: the service has
+        no option for it (it ignores --direct_num_workers), as a Flink cluster has its
+        parallelism."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._num_workers = WORKERS
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local_job_service.fn_runner, "FnApiRunner", Runner)
+        servicer = local_job_service.LocalJobServicer()
+        port = servicer.start_grpc_server(0)
+        yield f"localhost:{port}"
+        servicer.stop()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +130,6 @@ def test_portable_runner_with_external_worker_pool_equals_fn_api_runner(
         f"--job_endpoint={job_server}",
         "--environment_type=EXTERNAL",
         f"--environment_config={pool}",
-        "--direct_num_workers=2",
     )
     want, got = read_results(local), read_results(remote)
     assert len(want) == len(chunks)
@@ -123,6 +138,7 @@ def test_portable_runner_with_external_worker_pool_equals_fn_api_runner(
         assert got[key][0] == start, key
         np.testing.assert_array_equal(got[key][1], out, err_msg=str(key))
     assert read_dead_letters(remote) == []
-    # The work ran in SDK workers the pool started, not in the job server's process.
-    starts = pool_log.read_text().count("Starting worker with command")
-    assert starts >= 1, pool_log.read_text()[-3000:]
+    # The work ran in the SDK workers the pool started (two), not in the job server's process.
+    log = pool_log.read_text()
+    ids = set(re.findall(r'worker_id="([^"]+)"', log))
+    assert len(ids) >= WORKERS, log[-3000:]
