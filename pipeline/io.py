@@ -12,6 +12,7 @@ chunk_index, reason, message).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import uuid
@@ -382,9 +383,10 @@ def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if "://" in base else os.path.join(base, name)
 
 
-def _visible_files(folder: str) -> tuple[Any, list[str]]:
+def _visible_files(folder: str, legacy: str | None = None) -> tuple[Any, list[str]]:
     """(fsspec filesystem or None for local, sorted file paths under `folder`), leaving out
-    hidden names (a path part starting with "." or "_"), as pyarrow.dataset does."""
+    hidden names (a path part starting with "." or "_"), as pyarrow.dataset does; plus the
+    files matching the glob `legacy` beside `folder` (the flat layout of earlier versions)."""
     if "://" in folder and not folder.startswith("file://"):
         import fsspec
 
@@ -394,6 +396,7 @@ def _visible_files(folder: str) -> tuple[Any, list[str]]:
         except FileNotFoundError:
             found = []
         root = root.rstrip("/")
+        old = fs.glob(f"{root.rpartition('/')[0]}/{legacy}") if legacy else []
         rel = [(p, p[len(root) :].lstrip("/")) for p in found if p.startswith(root)]
     else:
         fs, root = None, folder.removeprefix("file://")
@@ -403,17 +406,19 @@ def _visible_files(folder: str) -> tuple[Any, list[str]]:
             for f in filenames:
                 path = os.path.join(dirpath, f)
                 rel.append((path, os.path.relpath(path, root)))
+        old = glob.glob(os.path.join(os.path.dirname(root.rstrip("/")), legacy)) if legacy else []
     visible = [
         p for p, r in rel if r and not any(part.startswith((".", "_")) for part in r.split("/"))
     ]
-    return fs, sorted(visible)
+    return fs, sorted(visible) + sorted(old)
 
 
 def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
     """{(seq_id, chunk_index): (start_position, output)} from the Parquet files under
-    ``<output>/results/`` (any depth), on local disk or any fsspec URL."""
+    ``<output>/results/`` (any depth; and the flat ``results-*.parquet`` of earlier versions),
+    on local disk or any fsspec URL."""
     out: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
-    fs, paths = _visible_files(_join(output, RESULTS_DIR))
+    fs, paths = _visible_files(_join(output, RESULTS_DIR), f"{RESULTS_PREFIX}-*.parquet")
     for path in paths:
         if fs is None:
             table = pq.read_table(path)
@@ -443,9 +448,9 @@ def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
 
 
 def read_dead_letters(output: str) -> list[dict[str, Any]]:
-    """Every dead letter in the JSON Lines files under ``<output>/dead_letters/`` (any depth),
-    on local disk or any fsspec URL, in file order."""
-    fs, paths = _visible_files(_join(output, DEAD_LETTERS_DIR))
+    """Every dead letter in the JSON Lines files under ``<output>/dead_letters/`` (any depth;
+    and the ``dead_letters.jsonl`` of earlier versions), on local disk or any fsspec URL."""
+    fs, paths = _visible_files(_join(output, DEAD_LETTERS_DIR), "dead_letters.jsonl")
     out: list[dict[str, Any]] = []
     for path in paths:
         if fs is None:

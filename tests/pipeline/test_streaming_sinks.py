@@ -159,3 +159,20 @@ def test_publish_step_sends_each_dead_letter(tmp_path):
     sent = published(folder)
     assert sorted(json.loads(m["data"])["message"] for m in sent) == [d.message for d in letters]
     assert all(m["attributes"]["reason"] == "bad_shape" for m in sent)
+
+
+def test_readers_also_read_the_flat_layout_of_earlier_versions(tmp_path):
+    from linstream.pipeline.io import results_to_table
+
+    old = [ChunkResult("a", 0, 0, np.ones((2, 4), np.float32))]
+    new = [ChunkResult("a", 1, 2, np.full((3, 4), 2, np.float32))]
+    pq.write_table(results_to_table(old, 4, "tokens"), tmp_path / "results-00000-of-00001.parquet")
+    (tmp_path / "results" / "q61").mkdir(parents=True)
+    pq.write_table(results_to_table(new, 4, "tokens"), tmp_path / "results" / "q61" / "x.parquet")
+    (tmp_path / "results" / ".pending-x.parquet").write_bytes(b"not parquet: hidden, skipped")
+    got = read_results(str(tmp_path))
+    assert sorted(got) == [("a", 0), ("a", 1)] and got[("a", 1)][0] == 2
+    (tmp_path / "dead_letters.jsonl").write_text('{"seq_id": "a", "reason": "gap"}\n')
+    (tmp_path / "dead_letters").mkdir()
+    (tmp_path / "dead_letters" / "d.jsonl").write_text('{"seq_id": "b", "reason": "gap"}\n')
+    assert sorted(d["seq_id"] for d in read_dead_letters(str(tmp_path))) == ["a", "b"]
