@@ -94,6 +94,7 @@ def test_windows_of_results_and_dead_letters_all_reach_disk(tmp_path, tiny_model
         "output": out,
         "model": tiny_model_path,
         "backend": "numpy",
+        "emit": "tokens",  # one embedding per token: the lengths below identify each chunk
         "window_seconds": WINDOW,
         "idle_timeout": 5.0,
         "progress_every": 0,
