@@ -348,10 +348,23 @@ def check_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray], *, sou
                 raise ModelFileError(msg)
 
 
+def _read_file(path: str) -> bytes:
+    if "://" not in path or path.startswith("file://"):
+        with open(path.removeprefix("file://"), "rb") as fh:
+            return fh.read()
+    import fsspec
+
+    with fsspec.open(path, "rb") as fh:
+        return bytes(fh.read())
+
+
 def read_model(
     source: str | os.PathLike[str] | bytes, *, name: str | None = None
 ) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read and check a model file (a path, or the file's bytes).  Returns (config, tensors).
+
+    A path may be a URL of any filesystem fsspec knows (``gs://``, ``s3://``, ``memory://``;
+    gcsfs or s3fs installed by the ``gcp`` / ``aws`` extras).
 
     Raises ModelFileError (a ValueError) naming the file and, where it is one tensor's fault,
     the tensor; FileNotFoundError for a missing path.
@@ -361,8 +374,7 @@ def read_model(
         label = name or "<model bytes>"
     else:
         label = name or os.fspath(source)
-        with open(source, "rb") as fh:
-            data = fh.read()
+        data = _read_file(os.fspath(source))
     header = _read_header(data, label)
     config = _config_from_header(header, label)
     _check_header_tensors(config, header, label)

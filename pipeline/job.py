@@ -130,7 +130,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
     if not commit_outputs:
         results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
-    dead | "WriteDeadLetters" >> WriteDeadLetters(output)
+    dead | "WriteDeadLetters" >> WriteDeadLetters(output, topic=_get(args, "dead_letter_topic"))
     return results, dead
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from apache_beam.utils import shared
 from linstream.ops import AttentionState, causal_linear_attention, get_feature_map
 
 from .elements import Unencodable
@@ -188,32 +190,77 @@ class RawAttentionStep(ChunkStep):
         return out, [new]
 
 
+#: One `Shared` handle per model (fingerprint and compute dtype) in this process: every DoFn
+#: instance of every step with that model holds the same loaded copy.
+_SHARED_MODELS: dict[str, shared.Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_handle(tag: str) -> shared.Shared:
+    with _SHARED_LOCK:
+        return _SHARED_MODELS.setdefault(tag, shared.Shared())
+
+
+def _portable_source(model: Any) -> str | bytes:
+    """What a worker loads a passed-in model from: its built-in name or URL when it came from
+    one, else its safetensors bytes (a local path may not exist on a remote worker)."""
+    source = str(getattr(model, "source", ""))
+    if source.startswith("builtin:") or ("://" in source and not source.startswith("file://")):
+        return source
+    from linstream.ops.model_weights import write_model_bytes
+
+    return write_model_bytes(model.config, model.weights)
+
+
 class EmbedStep(ChunkStep):
     """The embedding model over token ids [T] (int) or feature vectors [T, input_dim] (float).
 
-    `model` is a spec for `linstream.ops.load_model` ("builtin:default", a .safetensors path) or
-    a loaded model; a spec is loaded in `setup()`, once per worker.
+    `model` is a spec for `linstream.ops.load_model` ("builtin:default", a .safetensors path
+    or URL) or a loaded model.  The step carries only the spec (a loaded model: its built-in
+    name or URL, else its safetensors bytes) and the fingerprint, never the loaded weights;
+    `setup()` loads the model once per worker process (`apache_beam.utils.shared.Shared`) and
+    refuses a file whose fingerprint changed since the job was built.
     """
 
     def __init__(self, model: Any, backend: str = "auto", state_dtype: Any = np.float64) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
-        self._spec = model if isinstance(model, str) else None
-        self._model: Any = None if isinstance(model, str) else model
-        # Loaded at construction too: the fingerprint names the model in checkpoints.
-        self.fingerprint = str(self.model.fingerprint)
+        if isinstance(model, str):
+            from linstream.ops import load_model
+
+            self._source: str | bytes = model
+            # Loaded here too: the fingerprint names the model in checkpoints.
+            self._model: Any = load_model(model)
+        else:
+            self._source = _portable_source(model)
+            self._model = model
+        self.compute_dtype = str(np.dtype(self._model.compute_dtype))
+        self.fingerprint = str(self._model.fingerprint)
+
+    def _label(self) -> str:
+        return self._source if isinstance(self._source, str) else "<model bytes>"
+
+    def _load_checked(self) -> Any:
+        from linstream.ops import load_model
+
+        model = load_model(self._source, compute_dtype=self.compute_dtype)
+        if model.fingerprint != self.fingerprint:
+            msg = (
+                f"model {self._label()}: fingerprint {model.fingerprint[:16]}..., expected "
+                f"{self.fingerprint[:16]}... (the file changed after the job was built)"
+            )
+            raise ValueError(msg)
+        return model
 
     def _load(self) -> Any:
         if self._model is None:
-            from linstream.ops import load_model
-
-            self._model = load_model(str(self._spec))
+            tag = f"{self.fingerprint}/{self.compute_dtype}"
+            self._model = _shared_handle(tag).acquire(self._load_checked, tag)
         return self._model
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        if self._spec is not None:
-            state["_model"] = None  # reloaded in setup() on the worker, not shipped
+        state["_model"] = None  # loaded in setup() on the worker, never shipped
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -224,17 +271,15 @@ class EmbedStep(ChunkStep):
         return self._load()
 
     def setup(self) -> None:
-        self._load()
-        cfg = self._model.config
+        model = self._load()
+        cfg = model.config
         warm = (
             np.zeros(4, dtype=np.int32)
             if cfg.input_kind == "tokens"
             else np.zeros((4, cfg.input_dim), dtype=np.float32)
         )
         # Compiles the kernels (or loads Numba's on-disk cache) before the first real chunk.
-        self._model.embed_chunk(
-            warm, self._model.initial_states(self.state_dtype), backend=self.backend
-        )
+        model.embed_chunk(warm, model.initial_states(self.state_dtype), backend=self.backend)
 
     def validate(self, data: Any) -> np.ndarray:
         cfg = self.model.config

@@ -5,8 +5,9 @@
 these bytes).  ``create_exclusive(path, data)``: create-if-absent, durable, returns False when the
 name already exists.  Local disk: write a unique temporary file, fsync it, ``os.link`` it to the
 final name (link fails if the name exists), fsync the folder.  fsspec: ``pipe_file`` for data and
-``open(path, "xb")`` for the exclusive create (memory://, gcsfs, s3fs, adlfs support it on
-recent versions; object stores make an object visible only when its upload completes).
+``pipe_file(path, data, mode="create")`` for the exclusive create, only on implementations
+known to send it as a server-side condition (`EXCLUSIVE_CREATE`; object stores make an object
+visible only when its upload completes); any other filesystem is refused.
 
 A store's files are untrusted input.  On local disk no symbolic link below the root is ever
 followed, for reads, writes or deletes: every folder between the root and a file is checked with
@@ -32,7 +33,15 @@ from typing import Any, Protocol
 from .errors import NotARegularFileError, UnsafePathError
 from .paths import TMP_PREFIX
 
-__all__ = ["FsspecStorage", "LocalStorage", "Storage", "in_thread", "open_storage"]
+__all__ = [
+    "EXCLUSIVE_CREATE",
+    "FsspecStorage",
+    "LocalStorage",
+    "Storage",
+    "UnsafeStorageError",
+    "in_thread",
+    "open_storage",
+]
 
 
 class Storage(Protocol):
@@ -333,16 +342,72 @@ class _Pending:
         return self._result
 
 
-class FsspecStorage:
-    """Any fsspec filesystem (memory://, gs://, s3://, ...)."""
+#: fsspec implementations whose create-if-absent is a real, atomic server-side condition:
+#: gcsfs sends ``ifGenerationMatch=0``, s3fs ``If-None-Match: *``, and memory:// checks and
+#: creates under the GIL in one process.  Any other implementation may accept mode "xb" and
+#: still overwrite (fsspec's base class leaves the condition to each backend).
+EXCLUSIVE_CREATE = {
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "memory": "fsspec",
+}
+PROBE_PREFIX = ".linstream-probe-"
 
-    def __init__(self, url: str) -> None:
+
+class UnsafeStorageError(OSError):
+    """A filesystem that cannot create a file only if it is absent: a store there is refused."""
+
+
+class FsspecStorage:
+    """Any fsspec filesystem with a real create-if-absent (gs://, s3://, memory://).
+
+    Others are refused with `UnsafeStorageError`: two jobs could both commit one position.  On
+    object stores the condition is also checked once against the server (``probe``): an
+    S3-compatible store that ignores ``If-None-Match`` would otherwise overwrite silently.
+    """
+
+    def __init__(self, url: str, *, probe: bool = True) -> None:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(url)
         self.fs = fs
         self.protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.root = path.rstrip("/")
+        package = type(fs).__module__.partition(".")[0]
+        if EXCLUSIVE_CREATE.get(self.protocol) != package:
+            known = ", ".join(f"{p}:// ({m})" for p, m in EXCLUSIVE_CREATE.items())
+            msg = (
+                f"checkpoint store {url}: filesystem {self.protocol!r} ({type(fs).__name__}) "
+                f"has no known atomic create-if-absent, which commits need; expected a local "
+                f"path or one of {known}"
+            )
+            raise UnsafeStorageError(msg)
+        # Checked before the first exclusive create (readers never write a probe).
+        self._probe_pending = probe and self.protocol != "memory"
+        self._probe_lock = threading.Lock()
+
+    def check_exclusive_create(self) -> None:
+        """Create one probe object twice with create-if-absent; the second must be refused."""
+        path = self.join(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+        try:
+            if not self._create(path, b"1"):
+                msg = f"{path}: a fresh probe name already exists"
+                raise UnsafeStorageError(msg)
+            if self._create(path, b"2"):
+                condition = (
+                    "If-None-Match: *" if self.protocol.startswith("s3") else "ifGenerationMatch=0"
+                )
+                msg = (
+                    f"checkpoint store {self.protocol}://{self.root}: the server accepted a "
+                    f"second create-if-absent of one object (it ignores {condition}), so two "
+                    "commits could overwrite each other; use a store that honours conditional "
+                    "writes"
+                )
+                raise UnsafeStorageError(msg)
+        finally:
+            self.remove(path)
 
     def join(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
@@ -383,18 +448,26 @@ class FsspecStorage:
         self.fs.pipe_file(path, bytes(data))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
+        if self._probe_pending:
+            with self._probe_lock:
+                if self._probe_pending:
+                    self.check_exclusive_create()
+                    self._probe_pending = False
+        return self._create(path, data)
+
+    def _create(self, path: str, data: bytes) -> bool:
+        # One request carrying the condition: the object appears whole or not at all.
         try:
-            with self.fs.open(path, "xb") as f:
-                f.write(data)
+            self.fs.pipe_file(path, bytes(data), mode="create")
         except FileExistsError:
             return False
-        except (NotImplementedError, ValueError) as ex:
+        except (NotImplementedError, ValueError, TypeError) as ex:
             msg = (
-                f"filesystem {self.protocol!r} cannot create {path} exclusively (mode 'xb'): "
-                f"{ex}; upgrade its fsspec implementation (gcsfs, s3fs, adlfs) to a version "
-                "with exclusive writes"
+                f"filesystem {self.protocol!r} cannot create {path} exclusively "
+                f"(pipe_file mode 'create'): {ex}; upgrade its fsspec implementation (gcsfs, "
+                "s3fs) to a version with exclusive writes"
             )
-            raise OSError(msg) from ex
+            raise UnsafeStorageError(msg) from ex
         return True
 
     def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:

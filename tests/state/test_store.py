@@ -321,7 +321,7 @@ def test_filesystem_without_exclusive_create_is_refused():
     storage = FsspecStorage("memory://linstream-noexcl")
 
     class NoExclusive:
-        def open(self, path, mode):
+        def pipe_file(self, path, value, mode="overwrite"):
             raise NotImplementedError("File mode not supported")
 
     storage.fs = NoExclusive()
