@@ -151,7 +151,7 @@ class _ReadSequences(beam.DoFn):
                 yield from self._parquet_rows(path)
         except Exception as ex:  # any reader error: that file is a dead letter, the job goes on
             seq = _relative_id(root, path)
-            yield _dead(seq, "unreadable_input", f"{path}: {type(ex).__name__}: {ex}")
+            yield _dead(seq, "unreadable_file", f"{path}: {type(ex).__name__}: {ex}")
 
     def _json_lines(self, path: str) -> Iterator[Any]:
         with FileSystems.open(path) as fh:

@@ -183,7 +183,7 @@ def test_an_unreadable_file_is_a_dead_letter_and_the_rest_goes_on(tmp_path):
     args = {"input": f"{good},{bad}", "input_format": "parquet-text"}
     got, dead = _collect(tmp_path, lambda p: read_input(p, args))
     assert [c.seq_id for c in got] == ["g"]
-    assert [d.reason for d in dead] == ["unreadable_input"]
+    assert [d.reason for d in dead] == ["unreadable_file"]
     assert str(bad) in dead[0].message
 
 
