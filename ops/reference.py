@@ -134,11 +134,12 @@ def rule_recurrent(
 
     t, h = np.shape(q)[:2]
     check_rule(rule, t, h, gamma=gamma, log_alpha=log_alpha, beta=beta, normalize=normalize)
-    fm, kw = feature_map, {"eps": eps, "normalize": normalize}
+    fm, nz = feature_map, normalize
     if rule == "decay":
-        return decay_recurrent(q, k, v, state, gamma=gamma, feature_map=fm, **kw)
+        return decay_recurrent(q, k, v, state, gamma=gamma, feature_map=fm, eps=eps, normalize=nz)
     if rule == "gated":
-        return gated_recurrent(q, k, v, state, log_alpha=log_alpha, feature_map=fm, **kw)
+        la = log_alpha
+        return gated_recurrent(q, k, v, state, log_alpha=la, feature_map=fm, eps=eps, normalize=nz)
     if rule == "delta":
         return delta_recurrent(q, k, v, state, beta=beta, feature_map=fm)
     if rule == "gated_delta":

@@ -1,9 +1,9 @@
 """Update rules of the carried state beyond the additive one (see docs/rules.md).
 
-    decay_recurrent, gated_recurrent            float64 references, token by token
-    delta_recurrent, gated_delta_recurrent      float64 references, token by token
-    decay_chunks, delta_chunks                  chunkwise Numba kernels
-    rule_causal                                 what `causal_linear_attention(rule=...)` calls
+decay_recurrent, gated_recurrent            float64 references, token by token
+delta_recurrent, gated_delta_recurrent      float64 references, token by token
+decay_chunks, delta_chunks                  chunkwise Numba kernels
+rule_causal                                 what `causal_linear_attention(rule=...)` calls
 """
 
 from .decay_chunk import decay_chunks

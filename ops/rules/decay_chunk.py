@@ -16,7 +16,6 @@ contribution is added to the state in the state's dtype; the ratio is formed in 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numba
 import numpy as np

@@ -44,7 +44,7 @@ def _per_token(name: str, x: Any, t: int, h: int) -> np.ndarray:
         msg = f"{name} must be a real array of shape [T, H] = [{t}, {h}], got dtype {a.dtype}"
         raise TypeError(msg)
     if a.shape != (t, h):
-        msg = f"{name} must have shape [T, H] = [{t}, {h}] (one value per token and head), got {a.shape}"
+        msg = f"{name} must have shape [T, H] = [{t}, {h}] (one per token and head), got {a.shape}"
         raise ValueError(msg)
     return np.ascontiguousarray(a.T, dtype=np.float64)
 
@@ -62,7 +62,7 @@ def _gamma(gamma: Any, t: int, h: int) -> np.ndarray:
     if g.ndim == 0:
         g = np.full(h, float(g))
     if g.shape != (h,):
-        msg = f"gamma must be a number or an array of shape [H] = [{h}] (one per head), got shape {g.shape}"
+        msg = f"gamma must be a number or an array of shape [H] = [{h}], got shape {g.shape}"
         raise ValueError(msg)
     g = g.astype(np.float64)
     bad = ~(np.isfinite(g) & (g > 0) & (g < 1))
