@@ -94,11 +94,12 @@ def causal_linear_attention(
         raise ValueError(msg)
     cdt = _compute_dtype(q, k, v)
     # FAVOR+ rescales each query: the kernels run on pre-mapped features with eps = 0 (exact)
-    # and eps is applied per token in the unscaled domain afterwards (rules/exact_eps.py).
-    exact = eps > 0 and needs_exact_eps(fm, dk)
+    # and eps is applied per token in the unscaled domain afterwards (rules/exact_eps.py); a
+    # call whose float32 keys would underflow runs in float64 (premap).
+    exact = needs_exact_eps(fm, dk)
     if exact:
         q, k, log_f = premap(fm, q, k, cdt)
-        fm, eps_user, eps = Identity(), eps, 0.0
+        fm, eps_user, eps, cdt = Identity(), eps, 0.0, q.dtype
     if name == "numba":
         from .numba_backend import numba_causal
 

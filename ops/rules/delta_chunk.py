@@ -41,7 +41,6 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
         kb = np.empty((c, f), qh.dtype)
         kd = np.empty((c, f), qh.dtype)
         vb = np.empty((c, dv), qh.dtype)
-        tt = np.zeros((c, c), qh.dtype)  # T of the chunk (reallocated for a shorter last one)
         for c0 in range(0, t, c):
             n = min(c, t - c0)
             acc = 0.0
@@ -66,12 +65,9 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
                 for p in range(dv):
                     vb[i, p] = vc[i, p] * bb
             kk = np.dot(kc, kc.T)
-            if tt.shape[0] != n:
-                tt = np.zeros((n, n), qh.dtype)
+            tt = np.zeros((n, n), qh.dtype)  # T = (I + L)^{-1} of this chunk
             # T = (I + L)^{-1} row by row: T_i = e_i - Σ_{j<i} L_ij T_j  (T_j is zero past j)
             for i in range(n):
-                for r in range(n):
-                    tt[i, r] = 0
                 tt[i, i] = 1
                 for j in range(i):
                     lij = qh.dtype.type(beta[h, c0 + i] * math.exp(g[i] - g[j])) * kk[i, j]

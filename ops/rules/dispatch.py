@@ -56,6 +56,7 @@ def rule_causal(
         log_f = None
         if needs_exact_eps(fm, dk):
             qf, kf, log_f = premap(fm, q, k, cdt)
+            vx = np.ascontiguousarray(v, dtype=qf.dtype)
         else:
             qf = np.asarray(fm.query(np.asarray(q, dtype=cdt), xp=np), dtype=cdt)
             kf = np.asarray(fm(np.asarray(k, dtype=cdt), xp=np), dtype=cdt)

@@ -21,6 +21,9 @@ from ..feature_maps import FeatureMap
 
 __all__ = ["eps_per_token", "needs_exact_eps", "premap", "restore_eps"]
 
+# smallest largest-feature of a key that float32 holds to full precision (normal range · 2^24)
+_F32_LOW = float(np.finfo(np.float32).tiny) * 2.0**24
+
 # tokens per block when forming the running key sums (bounds the [block, H, F] float64 buffer)
 _BLOCK = 1024
 
@@ -32,9 +35,16 @@ def needs_exact_eps(fm: FeatureMap, d_in: int) -> bool:
 
 
 def premap(fm: FeatureMap, q: Any, k: Any, cdt: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q̂ [T, H, F], k̂ [T, H, F] in cdt, log eps factor ℓ [T, H] float64) with eps_t = eps·e^ℓ."""
+    """(q̂ [T, H, F], k̂ [T, H, F], log eps factor ℓ [T, H] float64) with eps_t = eps·e^ℓ.
+
+    q̂ and k̂ are in cdt, or in float64 when a float32 key would underflow (see below).
+    """
     qf, shift = fm.query_and_shift(np.asarray(q, dtype=cdt), xp=np)
     kf = fm(np.asarray(k, dtype=cdt), xp=np)
+    if np.dtype(cdt) == np.float32 and kf.size and not np.all(kf.max(axis=-1) >= _F32_LOW):
+        # A key whose largest feature left float32's normal range (its exponent is below
+        # B - 147): float32 would lose that key, so this call's chunk math runs in float64.
+        return premap(fm, q, k, np.float64)
     t, h = qf.shape[:2]
     log_f = np.full((t, h), -fm.key_shift(int(q.shape[2])), dtype=np.float64)
     if shift is not None:
