@@ -12,6 +12,8 @@ same bound with its own u for the carried sums.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -77,7 +79,7 @@ def test_random_splits_match_the_reference(name, dtypes, seed):
     ref, ref_state = rule_recurrent(q, k, v, rule=rule, feature_map=fmap, **kw)
     state = None
     outs = []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in itertools.pairwise(bounds):
         o, state = causal_linear_attention(
             q[a:b], k[a:b], v[a:b], state, rule=rule, feature_map=fmap, chunk_size=c,
             state_dtype=sdt, **sliced(kw, a, b),
