@@ -51,7 +51,7 @@ def _per_token(name: str, x: Any, t: int, h: int) -> np.ndarray:
 
 def _first_bad(a: np.ndarray, ok: np.ndarray) -> str:
     h, t = np.argwhere(~ok)[0]
-    return f"token {t}, head {h}: {a[h, t]!r}"
+    return f"token {t}, head {h}: {float(a[h, t])!r}"
 
 
 def _gamma(gamma: Any, t: int, h: int) -> np.ndarray:
@@ -68,7 +68,7 @@ def _gamma(gamma: Any, t: int, h: int) -> np.ndarray:
     bad = ~(np.isfinite(g) & (g > 0) & (g < 1))
     if bad.any():
         i = int(np.argmax(bad))
-        msg = f"gamma must lie in (0, 1) for every head, got {g[i]!r} for head {i}"
+        msg = f"gamma must lie in (0, 1) for every head, got {float(g[i])!r} for head {i}"
         raise ValueError(msg)
     return np.repeat(np.log(g)[:, None], t, axis=1)
 
