@@ -7,6 +7,7 @@ from .feature_maps import FeatureMap, get_feature_map
 from .model_config import ModelConfig
 from .model_runtime import EmbeddingModel, builtin_models, load_model
 from .model_weights import ModelFileError
+from .rules import RULES
 
 __all__ = [
     "AttentionState",
@@ -15,6 +16,7 @@ __all__ = [
     "FeatureMap",
     "ModelConfig",
     "ModelFileError",
+    "RULES",
     "builtin_models",
     "causal_linear_attention",
     "get_feature_map",

@@ -18,10 +18,17 @@ import numpy as np
 import pytest
 from linstream.ops import backend as backend_mod
 from linstream.ops import causal_linear_attention, linear_attention
+from linstream.ops.backend import cupy_available
 from linstream.ops.feature_maps import KEY_EXP_MAX, FavorPlus
 from linstream.ops.reference import causal_recurrent
 
 SIGMAS = [2.0, 4.0, 8.0]
+BACKENDS = [
+    "numpy",
+    "numba",
+    "cupy-emulated",
+    pytest.param("cupy", marks=pytest.mark.skipif(not cupy_available(), reason="no CUDA device")),
+]
 
 
 def textbook_phi(fm: FavorPlus, x: np.ndarray) -> np.ndarray:
@@ -85,7 +92,7 @@ def _eps_choices(fm, q, k):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("sigma", SIGMAS, ids=[f"sigma{s:g}" for s in SIGMAS])
-@pytest.mark.parametrize("backend", ["numpy", "numba", "cupy-emulated"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_equals_textbook_formula_for_every_eps(backend, sigma, dtype, request):
     if backend == "cupy-emulated":
         request.getfixturevalue("cupy_emulated")
@@ -154,7 +161,7 @@ def _aligned_keys(fm, t, h, d, rng):
     return rows * d**0.25
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba", "cupy-emulated"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_float32_stays_finite_where_key_exponents_pass_exp_range(wide_map, backend, request):
     if backend == "cupy-emulated":
         request.getfixturevalue("cupy_emulated")
