@@ -10,13 +10,13 @@ from .model_weights import ModelFileError
 from .rules import RULES
 
 __all__ = [
+    "RULES",
     "AttentionState",
     "BackendUnavailableError",
     "EmbeddingModel",
     "FeatureMap",
     "ModelConfig",
     "ModelFileError",
-    "RULES",
     "builtin_models",
     "causal_linear_attention",
     "get_feature_map",
