@@ -15,11 +15,11 @@ def test_readme_rules_example_runs_and_matches_one_call():
     scope: dict = {}
     exec(compile(block, str(README), "exec"), scope)
     q, k, v = scope["q"], scope["k"], scope["v"]
-    assert scope["out2"].shape == (1048, 8, 64) and scope["out2"].dtype == np.float32
+    assert scope["out"].shape == (1048, 8, 64) and scope["out"].dtype == np.float32
     # the last tokens against the float64 reference, on one head to keep it quick
     ref, _ = rule_recurrent(
         q[:, :1], k[:, :1], v[:, :1], rule="gated_delta",
         log_alpha=scope["log_alpha"][:, :1], beta=scope["beta"][:, :1],
     )  # fmt: skip
-    err = np.max(np.abs(scope["out2"][-50:, 0] - ref[-50:, 0]))
+    err = np.max(np.abs(scope["out"][-50:, 0] - ref[-50:, 0]))
     assert err <= 4 * (64 + 64 + 2048 / 64) * 2.0**-23 * max(1.0, float(np.max(np.abs(ref))))
