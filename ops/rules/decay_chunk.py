@@ -21,6 +21,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from .fast_exp import fast_exp
+
 __all__ = ["decay_chunks"]
 
 
@@ -55,11 +57,10 @@ def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no
             nd = np.dot(qg[:n], sc)
             a = np.dot(qc, kc.T)
             for i in range(n):
-                for j in range(n):
-                    if j <= i:
-                        a[i, j] *= qh.dtype.type(math.exp(g[i] - g[j]))
-                    else:
-                        a[i, j] = 0
+                for j in range(i + 1):
+                    a[i, j] *= fast_exp(qh.dtype.type(g[i] - g[j]))
+                for j in range(i + 1, n):
+                    a[i, j] = 0
             nd += np.dot(a, vc)
             for i in range(n):
                 if normalize:
@@ -77,37 +78,24 @@ def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no
 
 
 def decay_chunks(
-    qf: np.ndarray,
-    kf: np.ndarray,
-    v: np.ndarray,
-    s: np.ndarray,
-    z: np.ndarray,
+    qh: np.ndarray,
+    kh: np.ndarray,
+    vh: np.ndarray,
+    sx: np.ndarray,
     log_gate: np.ndarray,
     eps_t: np.ndarray,
     *,
     normalize: bool,
     chunk_size: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """qf, kf [T, H, F] mapped, v [T, H, d_v] (one compute dtype); s [H, F, d_v], z [H, F] (the
-    state dtype); log_gate, eps_t [H, T] float64.  Returns (out [T, H, d_v], S, z) — new arrays."""
-    t, h, f = qf.shape
-    dv = v.shape[2]
-    cdt = qf.dtype
-    qh = np.ascontiguousarray(qf.transpose(1, 0, 2))
-    kh = np.ascontiguousarray(kf.transpose(1, 0, 2))
-    vh = np.empty((h, t, dv + 1), dtype=cdt)
-    vh[:, :, :dv] = v.transpose(1, 0, 2)
-    vh[:, :, dv] = 1
-    sx = np.empty((h, f, dv + 1), dtype=s.dtype)
-    sx[:, :, :dv] = s
-    sx[:, :, dv] = z
-    out = np.empty((h, t, dv), dtype=cdt)
+) -> np.ndarray:
+    """Head-major inputs (ops/rules/gather.py): qh, kh [H, T, F] mapped, vh [H, T, d_v+1] with a
+    ones column, one compute dtype; sx [H, F, d_v+1] the state (S, then z as the last column) in
+    the state dtype, updated in place; log_gate, eps_t [H, T] float64.  Returns out [H, T, d_v].
+    """
+    h, t, _ = qh.shape
+    out = np.empty((h, t, vh.shape[2] - 1), dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))
     lg = np.ascontiguousarray(log_gate, dtype=np.float64)
     et = np.ascontiguousarray(eps_t, dtype=np.float64)
     _decay_chunks(qh, kh, vh, lg, et, sx, out, c, bool(normalize))
-    return (
-        out.transpose(1, 0, 2),
-        np.ascontiguousarray(sx[:, :, :dv]),
-        np.ascontiguousarray(sx[:, :, dv]),
-    )
+    return out

@@ -26,6 +26,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from .fast_exp import fast_exp
+
 __all__ = ["delta_chunks"]
 
 
@@ -69,18 +71,20 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
             # T = (I + L)^{-1} row by row: T_i = e_i - Σ_{j<i} L_ij T_j  (T_j is zero past j)
             for i in range(n):
                 tt[i, i] = 1
+                bi = qh.dtype.type(beta[h, c0 + i])
+                for j in range(i):  # L_ij = β_i e^{G_i - G_j} k_i·k_j, in place of k_i·k_j
+                    kk[i, j] *= bi * fast_exp(qh.dtype.type(g[i] - g[j]))
                 for j in range(i):
-                    lij = qh.dtype.type(beta[h, c0 + i] * math.exp(g[i] - g[j])) * kk[i, j]
+                    lij = kk[i, j]
                     for r in range(j + 1):
                         tt[i, r] -= lij * tt[j, r]
             u = np.dot(tt, vb[:n]) - np.dot(np.dot(tt, kb[:n]), sc)
             a = np.dot(qc, kc.T)
             for i in range(n):
-                for j in range(n):
-                    if j <= i:
-                        a[i, j] *= qh.dtype.type(math.exp(g[i] - g[j]))
-                    else:
-                        a[i, j] = 0
+                for j in range(i + 1):
+                    a[i, j] *= fast_exp(qh.dtype.type(g[i] - g[j]))
+                for j in range(i + 1, n):
+                    a[i, j] = 0
             y = np.dot(qg[:n], sc) + np.dot(a, u)
             for i in range(n):
                 for p in range(dv):
@@ -93,25 +97,22 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
 
 
 def delta_chunks(
-    qf: np.ndarray,
-    kf: np.ndarray,
-    v: np.ndarray,
+    qh: np.ndarray,
+    kh: np.ndarray,
+    vh: np.ndarray,
     s: np.ndarray,
     log_gate: np.ndarray,
     beta: np.ndarray,
     *,
     chunk_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """qf [T, H, F], kf [T, H, F] unit keys, v [T, H, d_v] (one compute dtype); s [H, F, d_v] (the
-    state dtype); log_gate, beta [H, T] float64.  Returns (out [T, H, d_v], S) — new arrays."""
-    t = qf.shape[0]
-    qh = np.ascontiguousarray(qf.transpose(1, 0, 2))
-    kh = np.ascontiguousarray(kf.transpose(1, 0, 2))
-    vh = np.ascontiguousarray(v.transpose(1, 0, 2))
-    sx = np.array(s, copy=True, order="C")
-    out = np.empty(vh.shape, dtype=qf.dtype)
+) -> np.ndarray:
+    """Head-major inputs (ops/rules/gather.py): qh [H, T, F], kh [H, T, F] unit keys, vh
+    [H, T, d_v], one compute dtype; s [H, F, d_v] the state in the state dtype, updated in
+    place; log_gate, beta [H, T] float64.  Returns out [H, T, d_v]."""
+    t = qh.shape[1]
+    out = np.empty(vh.shape, dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))
     lg = np.ascontiguousarray(log_gate, dtype=np.float64)
     bt = np.ascontiguousarray(beta, dtype=np.float64)
-    _delta_chunks(qh, kh, vh, lg, bt, sx, out, c)
-    return out.transpose(1, 0, 2), sx
+    _delta_chunks(qh, kh, vh, lg, bt, s, out, c)
+    return out

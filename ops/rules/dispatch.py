@@ -10,8 +10,8 @@ from ..attention_state import AttentionState
 from ..feature_maps import FeatureMap
 from .decay_chunk import decay_chunks
 from .delta_chunk import delta_chunks
-from .delta_recurrent import unit_keys
 from .exact_eps import eps_per_token, needs_exact_eps, premap
+from .gather import heads, map_code
 from .params import DECAYING_RULES, RuleInputs
 
 __all__ = ["DEFAULT_RULE_CHUNK", "check_rule_backend", "rule_causal"]
@@ -51,28 +51,35 @@ def rule_causal(
     if c < 1:
         msg = f"chunk_size must be >= 1, got {chunk_size}"
         raise ValueError(msg)
-    vx = np.ascontiguousarray(v, dtype=cdt)
     if inputs.rule in DECAYING_RULES:
         log_f = None
         if needs_exact_eps(fm, dk):
             qf, kf, log_f = premap(fm, q, k, cdt)
-            vx = np.ascontiguousarray(v, dtype=qf.dtype)
+            cdt = qf.dtype  # float64 where float32 keys would underflow (premap)
+            qh, kh = heads(qf, None, cdt), heads(kf, None, cdt)
         else:
-            qf = np.asarray(fm.query(np.asarray(q, dtype=cdt), xp=np), dtype=cdt)
-            kf = np.asarray(fm(np.asarray(k, dtype=cdt), xp=np), dtype=cdt)
+            qh, kh = heads(q, fm, cdt), heads(k, fm, cdt)
+        vh = heads(v, None, cdt, ones=True)
+        sx = np.empty((h, state.S.shape[1], vh.shape[2]), dtype=state.S.dtype)
+        sx[:, :, :-1] = state.S
+        sx[:, :, -1] = state.z
         eps_t = eps_per_token(eps, log_f, t, h).T
-        out, s, z = decay_chunks(
-            qf, kf, vx, state.S, state.z, inputs.log_gate, eps_t,
-            normalize=inputs.normalize, chunk_size=c,
-        )  # fmt: skip
+        out = decay_chunks(
+            qh, kh, vh, sx, inputs.log_gate, eps_t, normalize=inputs.normalize, chunk_size=c
+        ).transpose(1, 0, 2)
         if not inputs.normalize and log_f is not None:  # the read without a ratio: undo q̂'s factor
             with np.errstate(over="ignore"):
                 out = out * np.exp(-log_f)[..., None]
-        new = AttentionState(s, z)
+        new = AttentionState(np.ascontiguousarray(sx[:, :, :-1]), sx[:, :, -1].copy())
     else:
-        qf = np.asarray(fm.features(np.asarray(q, dtype=cdt), xp=np), dtype=cdt)
-        kf = unit_keys(fm(np.asarray(k, dtype=cdt), xp=np)).astype(cdt)
+        if map_code(fm) < 0:  # textbook query features; keys normalized, so their factor goes
+            qh = heads(fm.features(np.asarray(q, dtype=cdt), xp=np), None, cdt)
+        else:
+            qh = heads(q, fm, cdt)
+        kh = heads(k, fm, cdt, unit=True)
+        vh = heads(v, None, cdt)
+        s = np.array(state.S, copy=True, order="C")
         beta = inputs.beta if inputs.beta is not None else np.ones((h, t))
-        out, s = delta_chunks(qf, kf, vx, state.S, inputs.log_gate, beta, chunk_size=c)
+        out = delta_chunks(qh, kh, vh, s, inputs.log_gate, beta, chunk_size=c).transpose(1, 0, 2)
         new = AttentionState(s, np.array(state.z, copy=True))
     return np.asarray(out).astype(v.dtype, copy=False), new
