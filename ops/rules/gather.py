@@ -44,12 +44,12 @@ def _heads(x, code, unit, ones, out):  # pragma: no cover - jitted
             if code == 2:  # branch-free so that the loop vectorizes
                 for p in range(d):
                     a = out.dtype.type(x[i, h, p])
-                    e = fast_exp(a if a < zero else zero)
+                    e = fast_exp(zero if a > zero else a)  # NaN stays NaN
                     out[h, i, p] = a + one if a > zero else e
             elif code == 1:
                 for p in range(d):
                     a = out.dtype.type(x[i, h, p])
-                    out[h, i, p] = a if a > zero else zero
+                    out[h, i, p] = zero if a < zero else a
             else:
                 for p in range(d):
                     out[h, i, p] = x[i, h, p]

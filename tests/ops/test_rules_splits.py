@@ -138,3 +138,18 @@ def test_gate_of_one_is_the_additive_rule():
     tol = tolerance(a, sa.S, v, 70, 64, 5, np.float64, np.float64)
     assert float(np.max(np.abs(a - g))) <= tol
     assert float(np.max(np.abs(sa.S - sg.S))) <= tol
+
+
+@pytest.mark.parametrize("fmap", ["elu+1", "relu", "identity"])
+@pytest.mark.parametrize("rule", ["decay", "gated", "delta", "gated_delta"])
+def test_nan_in_a_query_reaches_that_tokens_output(rule, fmap):
+    """NaN and Inf propagate (the pipeline dead-letters them before; the op never hides them)."""
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((9, 1, 3)) for _ in range(3))
+    q[4, 0, 1] = np.nan
+    out, _ = causal_linear_attention(
+        q, k, v, rule=rule, feature_map=fmap, **params(rule, 9, 1, rng)
+    )
+    assert (
+        np.all(np.isnan(out[4])) and np.all(np.isfinite(out[:4])) and np.all(np.isfinite(out[5:]))
+    )
