@@ -6,7 +6,7 @@
 
     rule_recurrent     token by token for every update rule (ops/rules, docs/rules.md)
 
-Queries use the textbook features φ(q) (`FeatureMap.features`: no per-token rescaling), keys
+Queries use the textbook features φ(q) (`textbook_queries`: no per-token rescaling), keys
 the map's key form, whose state is exp(-b) times the textbook one (b = `key_shift`, 0 except
 for FAVOR+ with large |w|): eps is applied as eps·exp(-b), which is y = φ(q)ᵀS / (φ(q)ᵀz + eps)
 with the textbook S and z, for every eps.
@@ -26,6 +26,12 @@ from .feature_maps import FeatureMap, get_feature_map
 __all__ = ["causal_quadratic", "causal_recurrent", "noncausal_quadratic", "rule_recurrent"]
 
 
+def textbook_queries(phi: FeatureMap, q: np.ndarray) -> np.ndarray:
+    """φ(q) without a per-token factor: `features` where the map declares one (`query_shift`),
+    else its query form (which then carries none, so eps applies to it as it is)."""
+    return phi.query(q) if phi.query_shift(q) is None else phi.features(q)
+
+
 def _mapped(
     q: Any, k: Any, fm: str | FeatureMap, eps: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -33,7 +39,7 @@ def _mapped(
     phi = get_feature_map(fm)
     q = np.asarray(q, dtype=np.float64)
     return (
-        np.asarray(phi.features(q), dtype=np.float64),
+        np.asarray(textbook_queries(phi, q), dtype=np.float64),
         np.asarray(phi(np.asarray(k, dtype=np.float64)), dtype=np.float64),
         float(eps) * float(np.exp(-phi.key_shift(int(q.shape[-1])))),
     )

@@ -36,7 +36,7 @@ def gated_recurrent(
     """The gated rule with α_t = exp(log_alpha[t, h]); returns (out float64, final state)."""
     fm = get_feature_map(feature_map)
     q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
-    qf = np.asarray(fm.features(q64), np.float64)
+    qf = np.asarray(fm.query(q64) if fm.query_shift(q64) is None else fm.features(q64), np.float64)
     kf = np.asarray(fm(k64), np.float64)
     scale = np.exp(fm.key_shift(q64.shape[2]))  # textbook S = scale · carried S
     v = np.asarray(v, np.float64)
