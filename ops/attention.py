@@ -151,7 +151,7 @@ def linear_attention(
     num = xp.einsum("thf,hfd->thd", qf, kv)
     den = xp.einsum("thf,hf->th", qf, ksum)
     e: Any = eps
-    if shift is not None:  # eps in the unscaled domain (see rules/exact_eps.py)
+    if shift is not None and eps > 0:  # eps in the unscaled domain (see rules/exact_eps.py)
         with np.errstate(over="ignore"):
             e = eps * xp.exp(-shift[..., 0].astype(np.float64) - fm.key_shift(_dk))
     return (num / (den + e)[..., None]).astype(v.dtype, copy=False)

@@ -54,7 +54,7 @@ def premap(fm: FeatureMap, q: Any, k: Any, cdt: Any) -> tuple[np.ndarray, np.nda
 
 def eps_per_token(eps: float, log_f: np.ndarray | None, t: int, h: int) -> np.ndarray:
     """eps_t [T, H] float64: eps · exp(ℓ_t) (inf where that overflows: the read is then 0)."""
-    if log_f is None:
+    if log_f is None or eps == 0:  # (0 · an overflowed factor would be NaN)
         return np.full((t, h), eps, dtype=np.float64)
     with np.errstate(over="ignore"):
         return eps * np.exp(log_f)

@@ -7,9 +7,9 @@ different recent windows move the output?
 One head, d_k = d_v = 16, float32 inputs, elu+1.  A shared history of N = 10^6 tokens is run
 once per rule; from its state two streams continue with different windows A and B of w tokens
 (independent draws), and both end with the same query token.  The distance
-‖y_A − y_B‖ / sqrt(d_v) of that last output (values are N(0, 1), so 1 is the scale of one value)
-says how much the recent window decides the read.  Rules: additive; decay γ = 0.999 (a window of ~1000 tokens); gated_delta with
-log α = log 0.999 and β = 0.5.  Median over 8 pairs of windows.
+‖y_A − y_B‖ / sqrt(d_v) of that last output (values are N(0, 1): 1 is the scale of one value)
+says how much the recent window decides the read.  Rules: additive; decay γ = 0.999 (a window
+of ~1000 tokens); gated_delta with log α = log 0.999 and β = 0.5.  Median over 8 pairs.
 """
 
 from __future__ import annotations

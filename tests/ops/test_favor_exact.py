@@ -203,3 +203,19 @@ def test_key_shift_is_a_constant_of_the_parameters(wide_map):
     _, st = causal_linear_attention(k, k, v, feature_map=fm, backend="numpy")
     s_textbook = np.einsum("thf,thd->hfd", textbook_phi(fm, k), v)
     np.testing.assert_allclose(st.S * np.exp(b), s_textbook, rtol=1e-9, atol=1e-300)
+
+
+def test_huge_queries_with_eps_zero_stay_a_ratio():
+    """|x'| so large that exp(-s - b) overflows float64: eps = 0 must not turn into 0·inf."""
+    fm = FavorPlus(num_features=16, seed=1)
+    rng = np.random.default_rng(13)
+    print("seed=13")
+    q = rng.standard_normal((6, 1, 8)) * 60.0
+    k = rng.standard_normal((6, 1, 8)) * 0.5
+    v = rng.standard_normal((6, 1, 2))
+    _, s = fm.query_and_shift(q)
+    assert np.any(-s - fm.key_shift(8) > 710)  # exp would overflow float64
+    for backend in ("numpy", "numba"):
+        out, _ = causal_linear_attention(q, k, v, feature_map=fm, eps=0.0, backend=backend)
+        assert np.all(np.isfinite(out)), backend
+    assert np.all(np.isfinite(linear_attention(q, k, v, feature_map=fm, eps=0.0)))
