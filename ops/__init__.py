@@ -7,8 +7,10 @@ from .feature_maps import FeatureMap, get_feature_map
 from .model_config import ModelConfig
 from .model_runtime import EmbeddingModel, builtin_models, load_model
 from .model_weights import ModelFileError
+from .rules import RULES
 
 __all__ = [
+    "RULES",
     "AttentionState",
     "BackendUnavailableError",
     "EmbeddingModel",

@@ -11,7 +11,9 @@ from .attention_state import AttentionState
 from .backend import resolve_backend
 from .checks import check_eps, check_qkv, check_state
 from .chunked import DEFAULT_CHUNK_SIZE, chunked_causal
-from .feature_maps import FeatureMap, get_feature_map
+from .feature_maps import FeatureMap, Identity, get_feature_map
+from .rules import check_rule, check_rule_backend, rule_causal
+from .rules.exact_eps import needs_exact_eps, premap, restore_eps
 
 __all__ = ["causal_linear_attention", "linear_attention"]
 
@@ -42,6 +44,11 @@ def causal_linear_attention(
     backend: str = "auto",
     chunk_size: int | None = None,
     state_dtype: npt.DTypeLike | None = None,
+    rule: str = "additive",
+    gamma: Any = None,
+    log_alpha: Any = None,
+    beta: Any = None,
+    normalize: bool = True,
 ) -> tuple[Any, AttentionState]:
     """Causal linear attention over one chunk of a sequence, continuing from `state`.
 
@@ -51,9 +58,15 @@ def causal_linear_attention(
     next chunk with the returned state gives the same outputs as one call on the whole sequence.
     The state is float64 unless `state_dtype` (or the given state) says float32.  Inputs and
     the given state are never mutated.
+
+    rule: "additive" (default), "decay" (gamma [H] or a number in (0, 1)), "gated" (log_alpha
+    [T, H] <= 0), "delta" (beta [T, H] in (0, 1]) or "gated_delta" (log_alpha and beta); see
+    docs/rules.md.  normalize=False drops the decaying rules' normalizer; the delta rules read
+    y = Sᵀφ(q) and carry z through unchanged.  The rules run on the Numba CPU kernels.
     """
     t, h, dk, dv = check_qkv(q, k, v)
     eps = check_eps(eps)
+    rules = check_rule(rule, t, h, gamma=gamma, log_alpha=log_alpha, beta=beta, normalize=normalize)
     fm = get_feature_map(feature_map)
     f = fm.out_dim(dk)
     if state is None:
@@ -64,6 +77,14 @@ def causal_linear_attention(
         state = AttentionState.zeros(h, f, dv, sdt)
     else:
         check_state(state, h, f, dv)
+    if rules.rule != "additive":
+        check_rule_backend(rules.rule, backend)
+        if t == 0:
+            return np.empty((0, h, dv), dtype=v.dtype), state.copy()
+        return rule_causal(
+            q, k, v, state, fm=fm, eps=eps, inputs=rules, chunk_size=chunk_size,
+            cdt=_compute_dtype(q, k, v),
+        )  # fmt: skip
     name = resolve_backend(backend)
     if t == 0:
         return np.empty((0, h, dv), dtype=v.dtype), state.copy()
@@ -72,6 +93,13 @@ def causal_linear_attention(
         msg = f"chunk_size must be >= 1, got {chunk_size}"
         raise ValueError(msg)
     cdt = _compute_dtype(q, k, v)
+    # FAVOR+ rescales each query: the kernels run on pre-mapped features with eps = 0 (exact)
+    # and eps is applied per token in the unscaled domain afterwards (rules/exact_eps.py); a
+    # call whose float32 keys would underflow runs in float64 (premap).
+    exact = needs_exact_eps(fm, dk)
+    if exact:
+        q, k, log_f = premap(fm, q, k, cdt)
+        fm, eps_user, eps, cdt = Identity(), eps, 0.0, q.dtype
     if name == "numba":
         from .numba_backend import numba_causal
 
@@ -86,6 +114,8 @@ def causal_linear_attention(
         out, new = chunked_causal(
             qf, kf, np.asarray(v, dtype=cdt), state, eps=eps, chunk_size=c, xp=np
         )
+    if exact:
+        out = restore_eps(out, q, k, state.z, eps_user, log_f)
     return out.astype(v.dtype, copy=False), new
 
 
@@ -113,11 +143,15 @@ def linear_attention(
     else:
         xp = np
     cdt = _compute_dtype(q, k, v)
-    qf = fm.query(xp.asarray(q, dtype=cdt), xp=xp)
+    qf, shift = fm.query_and_shift(xp.asarray(q, dtype=cdt), xp=xp)
     kf = fm(xp.asarray(k, dtype=cdt), xp=xp)
     vv = xp.asarray(v, dtype=cdt)
     kv = xp.einsum("thf,thd->hfd", kf, vv)
     ksum = kf.sum(axis=0)
     num = xp.einsum("thf,hfd->thd", qf, kv)
     den = xp.einsum("thf,hf->th", qf, ksum)
-    return (num / (den[..., None] + eps)).astype(v.dtype, copy=False)
+    e: Any = eps
+    if shift is not None and eps > 0:  # eps in the unscaled domain (see rules/exact_eps.py)
+        with np.errstate(over="ignore"):
+            e = eps * xp.exp(-shift[..., 0].astype(np.float64) - fm.key_shift(_dk))
+    return (num / (den + e)[..., None]).astype(v.dtype, copy=False)

@@ -34,9 +34,27 @@ class FeatureMap:
         raise NotImplementedError
 
     def query(self, x: Any, xp: Any = np) -> Any:
-        """φ for queries.  Same as `__call__` except where a map may rescale each query token on
-        its own (a per-token factor cancels in the ratio num/den); keys always use `__call__`."""
+        """φ for queries.  Same as `__call__` except where a map rescales each query token on its
+        own: then `query(x) = exp(-query_shift(x)) · features(x)`; keys always use `__call__`."""
         return self(x, xp=xp)
+
+    def features(self, x: Any, xp: Any = np) -> Any:
+        """The textbook φ(x), no rescaling at all (what the references use for queries)."""
+        return self(x, xp=xp)
+
+    def query_shift(self, x: Any, xp: Any = np) -> Any | None:
+        """Per-token log factor s [..., 1] with `query(x) = exp(-s) · features(x)`, or None when
+        `query` does not rescale.  It cancels in num/den only when eps is scaled with it."""
+        return None
+
+    def query_and_shift(self, x: Any, xp: Any = np) -> tuple[Any, Any | None]:
+        """(query(x), query_shift(x)), computed together where that saves work."""
+        return self.query(x, xp=xp), self.query_shift(x, xp=xp)
+
+    def key_shift(self, d_in: int) -> float:
+        """Constant b with `__call__(k) = exp(-b) · features(k)` for keys of width d_in: a state
+        built from `__call__` is exp(-b) times the textbook one (0 for every fixed map)."""
+        return 0.0
 
     def config(self) -> dict[str, Any]:
         """JSON-able description from which `get_feature_map` rebuilds this map."""
@@ -75,6 +93,12 @@ class Identity(FeatureMap):
         return x
 
 
+# Largest key exponent kept after the constant key shift: exp(60) ≈ 1.1e26 leaves float32 room
+# (3.4e38) for sums of ~10^12 such keys times values, and costs typical keys nothing unless
+# B > 60 (d·m large); see FavorPlus.
+KEY_EXP_MAX = 60.0
+
+
 def _orthogonal_rows(rng: np.random.Generator, d: int) -> np.ndarray:
     """d orthonormal rows in float64 by modified Gram-Schmidt of a Gaussian matrix.
 
@@ -97,11 +121,17 @@ class FavorPlus(FeatureMap):
     an independent Gaussian d-vector; generated from (d, m, seed) by NumPy alone and rounded to
     float32 (that matrix *is* the map; `params(d)` returns it for the fingerprint).
 
-    Stabilization is causal: keys use the exact features (Wx' - |x'|²/2 = |w|²/2 - |x'-w|²/2
-    is bounded by the parameters, so no data can overflow them); queries (`query`) subtract
-    their own per-token maximum exponent, which cancels between numerator and denominator.
-    No statistic over other tokens is used (Performer's key max over the sequence would leak
-    the future).
+    Stabilization is causal and uses no statistic of other tokens (Performer's key max over the
+    sequence would leak the future):
+
+    - keys: the exponent Wx' - |x'|²/2 = |w|²/2 - |x'-w|²/2 is at most B = max_i |w_i|²/2, a
+      constant of the parameters.  B reaches ~100 for d=128, m=4096, past float32's exp limit
+      (~88.7), so keys carry the constant factor exp(-b), b = max(0, B - KEY_EXP_MAX)
+      (`key_shift`), and their exponent is clamped at B (rounding only).  The state is then
+      exp(-b) times the textbook state; b depends on W alone, so it is fixed by the fingerprint.
+    - queries (`query`): each token subtracts its own largest exponent s (`query_shift`).  With
+      the constant key factor the ratio stays the textbook one when eps is applied as
+      eps · exp(-s - b) (the unscaled domain): y = φ(q)ᵀS / (φ(q)ᵀz + eps) exactly.
     """
 
     name = "favor+"
@@ -118,6 +148,7 @@ class FavorPlus(FeatureMap):
         self.num_features = None if num_features is None else int(num_features)
         self.seed = int(seed)
         self._cache: dict[int, np.ndarray] = {}
+        self._bounds: dict[int, float] = {}
 
     def out_dim(self, d_in: int) -> int:
         return d_in if self.num_features is None else self.num_features
@@ -136,21 +167,49 @@ class FavorPlus(FeatureMap):
             self._cache[d_in] = w
         return w
 
+    def exponent_bound(self, d_in: int) -> float:
+        """B = max_i |w_i|²/2 (float64 of the float32 W): no input's exponent exceeds it."""
+        b = self._bounds.get(d_in)
+        if b is None:
+            w = self.matrix(d_in).astype(np.float64)
+            b = self._bounds[d_in] = float(0.5 * np.max(np.sum(w * w, axis=1)))
+        return b
+
+    def key_shift(self, d_in: int) -> float:
+        return max(0.0, self.exponent_bound(d_in) - KEY_EXP_MAX)
+
     def _exponent(self, x: Any, xp: Any) -> Any:
         d = x.shape[-1]
         w = xp.asarray(self.matrix(d), dtype=x.dtype)
         xs = x * x.dtype.type(d**-0.25)
         return xs @ w.T - 0.5 * xp.sum(xs * xs, axis=-1, keepdims=True)
 
-    def __call__(self, x: Any, xp: Any = np) -> Any:
+    def features(self, x: Any, xp: Any = np) -> Any:
         m = self.out_dim(x.shape[-1])
         return xp.exp(self._exponent(x, xp)) * x.dtype.type(m**-0.5)
+
+    def __call__(self, x: Any, xp: Any = np) -> Any:
+        d = x.shape[-1]
+        m = self.out_dim(d)
+        bound, shift = self.exponent_bound(d), self.key_shift(d)
+        u = xp.minimum(self._exponent(x, xp), x.dtype.type(bound)) - x.dtype.type(shift)
+        return xp.exp(u) * x.dtype.type(m**-0.5)
+
+    def query_shift(self, x: Any, xp: Any = np) -> Any:
+        return xp.max(self._exponent(x, xp), axis=-1, keepdims=True)
 
     def query(self, x: Any, xp: Any = np) -> Any:
         m = self.out_dim(x.shape[-1])
         u = self._exponent(x, xp)
         u = u - xp.max(u, axis=-1, keepdims=True)
         return xp.exp(u) * x.dtype.type(m**-0.5)
+
+    def query_and_shift(self, x: Any, xp: Any = np) -> tuple[Any, Any]:
+        """(query(x), query_shift(x)) from one evaluation of the exponent."""
+        m = self.out_dim(x.shape[-1])
+        u = self._exponent(x, xp)
+        s = xp.max(u, axis=-1, keepdims=True)
+        return xp.exp(u - s) * x.dtype.type(m**-0.5), s
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "num_features": self.num_features, "seed": self.seed}

@@ -57,6 +57,10 @@ class TorchFeatureMap(nn.Module):
         fm = get_feature_map(config)
         for key, arr in fm.params(d_in).items():
             self.register_buffer(key, torch.from_numpy(np.array(arr)))
+        # FAVOR+ keys: exponents clamped at the map's bound and shifted by a constant (both fixed
+        # by W), exactly as the runtime's map; other maps have no shift.
+        self.key_shift = float(fm.key_shift(d_in))
+        self.bound = float(getattr(fm, "exponent_bound", lambda d: np.inf)(d_in))
         if self.name not in ("elu+1", "relu", "identity", "favor+"):
             msg = f"feature map {self.name!r} has no torch version in TorchFeatureMap"
             raise NotImplementedError(msg)
@@ -80,7 +84,19 @@ class TorchFeatureMap(nn.Module):
         u = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)
         if query:
             u = u - u.amax(-1, keepdim=True)
+        else:
+            u = torch.clamp(u, max=self.bound) - self.key_shift
         return torch.exp(u) * (m**-0.5)
+
+    def log_eps_factor(self, x: torch.Tensor) -> torch.Tensor | None:
+        """log of the factor eps is scaled by per query token (FAVOR+'s query rescaling and key
+        shift cancel in the ratio only if eps is scaled with them); None for the other maps."""
+        if self.name != "favor+":
+            return None
+        w = self.get_buffer("W").to(x.dtype)
+        xs = x * (x.shape[-1] ** -0.25)
+        u = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)
+        return -u.amax(-1, keepdim=True) - self.key_shift
 
 
 def _norm(config: ModelConfig) -> nn.Module:
@@ -108,7 +124,10 @@ class _Attention(nn.Module):
     ) -> tuple[torch.Tensor, TorchState | None]:
         b, t, _ = x.shape
         # [B, H, T, d]: heads first, so each product below is a batched matmul.
-        q = phi(self.q(x).view(b, t, self.h, self.dh), query=True).transpose(1, 2)
+        xq = self.q(x).view(b, t, self.h, self.dh)
+        q = phi(xq, query=True).transpose(1, 2)
+        lf = phi.log_eps_factor(xq)
+        eps: Any = self.eps if lf is None else self.eps * torch.exp(lf.transpose(1, 2))
         k = phi(self.k(x).view(b, t, self.h, self.dh)).transpose(1, 2)
         v = self.v(x).view(b, t, self.h, self.dh).transpose(1, 2)
         s, z = state if state is not None else (None, None)
@@ -124,7 +143,8 @@ class _Attention(nn.Module):
             if s is not None and z is not None:
                 num = num + qc @ s.to(qc.dtype)
                 den = den + qc @ z.to(qc.dtype).unsqueeze(-1)
-            outs.append(num / (den + self.eps))
+            e = eps if lf is None else eps[:, :, i : i + c]
+            outs.append(num / (den + e))
             if state is not None or i + c < t:  # the running sums, in the state's dtype
                 ds, dz = kc.transpose(-1, -2) @ vc, kc.sum(2)
                 sdt = s.dtype if s is not None else ds.dtype

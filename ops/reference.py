@@ -4,6 +4,13 @@
     causal_recurrent   token by token: S ← S + φ(k)vᵀ, z ← z + φ(k), then read with φ(q)
     noncausal_quadratic every query reads the whole input: φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)
 
+    rule_recurrent     token by token for every update rule (ops/rules, docs/rules.md)
+
+Queries use the textbook features φ(q) (`textbook_queries`: no per-token rescaling), keys
+the map's key form, whose state is exp(-b) times the textbook one (b = `key_shift`, 0 except
+for FAVOR+ with large |w|): eps is applied as eps·exp(-b), which is y = φ(q)ᵀS / (φ(q)ᵀz + eps)
+with the textbook S and z, for every eps.
+
 Shapes: q, k [T, H, d_k]; v [T, H, d_v]; out [T, H, d_v] float64.
 """
 
@@ -16,14 +23,25 @@ import numpy as np
 from .attention_state import AttentionState
 from .feature_maps import FeatureMap, get_feature_map
 
-__all__ = ["causal_quadratic", "causal_recurrent", "noncausal_quadratic"]
+__all__ = ["causal_quadratic", "causal_recurrent", "noncausal_quadratic", "rule_recurrent"]
 
 
-def _mapped(q: Any, k: Any, fm: str | FeatureMap) -> tuple[np.ndarray, np.ndarray]:
+def textbook_queries(phi: FeatureMap, q: np.ndarray) -> np.ndarray:
+    """φ(q) without a per-token factor: `features` where the map declares one (`query_shift`),
+    else its query form (which then carries none, so eps applies to it as it is)."""
+    return phi.query(q) if phi.query_shift(q) is None else phi.features(q)
+
+
+def _mapped(
+    q: Any, k: Any, fm: str | FeatureMap, eps: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """(φ(q) textbook, key features, eps in the key form's scale) in float64."""
     phi = get_feature_map(fm)
+    q = np.asarray(q, dtype=np.float64)
     return (
-        np.asarray(phi.query(np.asarray(q, dtype=np.float64)), dtype=np.float64),
+        np.asarray(textbook_queries(phi, q), dtype=np.float64),
         np.asarray(phi(np.asarray(k, dtype=np.float64)), dtype=np.float64),
+        float(eps) * float(np.exp(-phi.key_shift(int(q.shape[-1])))),
     )
 
 
@@ -43,7 +61,7 @@ def causal_quadratic(
     eps: float = 1e-6,
 ) -> tuple[np.ndarray, AttentionState]:
     """O(T²) masked form, starting from `state` (zeros if None)."""
-    qf, kf = _mapped(q, k, feature_map)
+    qf, kf, eps = _mapped(q, k, feature_map, eps)
     v = np.asarray(v, dtype=np.float64)
     t, h, _ = qf.shape
     s0 = _initial(state, h, kf.shape[2], v.shape[2])
@@ -65,7 +83,7 @@ def causal_recurrent(
     eps: float = 1e-6,
 ) -> tuple[np.ndarray, AttentionState]:
     """Token-by-token recurrence with a float64 state; O(T) memory, the long-sequence oracle."""
-    qf, kf = _mapped(q, k, feature_map)
+    qf, kf, eps = _mapped(q, k, feature_map, eps)
     v = np.asarray(v, dtype=np.float64)
     t, h, _ = qf.shape
     st = _initial(state, h, kf.shape[2], v.shape[2])
@@ -89,9 +107,47 @@ def noncausal_quadratic(
     eps: float = 1e-6,
 ) -> np.ndarray:
     """Unmasked O(T²) form: every query attends to every key."""
-    qf, kf = _mapped(q, k, feature_map)
+    qf, kf, eps = _mapped(q, k, feature_map, eps)
     v = np.asarray(v, dtype=np.float64)
     scores = np.einsum("thf,shf->hts", qf, kf)
     num = np.einsum("hts,shd->thd", scores, v)
     den = scores.sum(axis=2).T
     return num / (den[..., None] + eps)
+
+
+def rule_recurrent(
+    q: Any,
+    k: Any,
+    v: Any,
+    state: AttentionState | None = None,
+    *,
+    rule: str = "additive",
+    feature_map: str | FeatureMap = "elu+1",
+    eps: float = 1e-6,
+    gamma: Any = None,
+    log_alpha: Any = None,
+    beta: Any = None,
+    normalize: bool = True,
+) -> tuple[np.ndarray, AttentionState]:
+    """Token-by-token float64 reference for `causal_linear_attention(..., rule=...)`."""
+    from .rules import (
+        check_rule,
+        decay_recurrent,
+        delta_recurrent,
+        gated_delta_recurrent,
+        gated_recurrent,
+    )
+
+    t, h = np.shape(q)[:2]
+    check_rule(rule, t, h, gamma=gamma, log_alpha=log_alpha, beta=beta, normalize=normalize)
+    fm, nz = feature_map, normalize
+    if rule == "decay":
+        return decay_recurrent(q, k, v, state, gamma=gamma, feature_map=fm, eps=eps, normalize=nz)
+    if rule == "gated":
+        la = log_alpha
+        return gated_recurrent(q, k, v, state, log_alpha=la, feature_map=fm, eps=eps, normalize=nz)
+    if rule == "delta":
+        return delta_recurrent(q, k, v, state, beta=beta, feature_map=fm)
+    if rule == "gated_delta":
+        return gated_delta_recurrent(q, k, v, state, log_alpha=log_alpha, beta=beta, feature_map=fm)
+    return causal_recurrent(q, k, v, state, feature_map=fm, eps=eps)

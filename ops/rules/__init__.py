@@ -1,0 +1,32 @@
+"""Update rules of the carried state beyond the additive one (see docs/rules.md).
+
+decay_recurrent, gated_recurrent            float64 references, token by token
+delta_recurrent, gated_delta_recurrent      float64 references, token by token
+decay_chunks, delta_chunks                  chunkwise Numba kernels
+rule_causal                                 what `causal_linear_attention(rule=...)` calls
+"""
+
+from .decay_chunk import decay_chunks
+from .decay_recurrent import decay_recurrent, gated_recurrent
+from .delta_chunk import delta_chunks
+from .delta_recurrent import delta_recurrent, gated_delta_recurrent, unit_keys
+from .dispatch import DEFAULT_RULE_CHUNK, check_rule_backend, rule_causal
+from .params import DECAYING_RULES, DELTA_RULES, RULES, RuleInputs, check_rule
+
+__all__ = [
+    "DECAYING_RULES",
+    "DEFAULT_RULE_CHUNK",
+    "DELTA_RULES",
+    "RULES",
+    "RuleInputs",
+    "check_rule",
+    "check_rule_backend",
+    "decay_chunks",
+    "decay_recurrent",
+    "delta_chunks",
+    "delta_recurrent",
+    "gated_delta_recurrent",
+    "gated_recurrent",
+    "rule_causal",
+    "unit_keys",
+]

@@ -1,0 +1,80 @@
+"""Inputs to the rule kernels: [T, H, D] -> head-major [H, T, W] with φ applied on the way.
+
+One fused, parallel pass per array (the maps in NumPy cost more than the chunk kernels): elu+1,
+relu and identity are compiled in; other maps (FAVOR+) are applied in NumPy first and gathered
+with identity.  `unit=True` divides each row by its L2 norm (formed in float64; a zero row stays
+zero), `ones=True` writes a column of ones after the D values (z rides as an extra value column).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..feature_maps import EluPlusOne, FeatureMap, Identity, Relu
+from .fast_exp import fast_exp
+
+__all__ = ["heads", "map_code"]
+
+_IDENTITY, _RELU, _ELU1 = 0, 1, 2
+
+
+def map_code(fm: FeatureMap) -> int:
+    """The compiled-in map for `fm`, or -1 when it must be applied in NumPy first."""
+    if isinstance(fm, EluPlusOne):
+        return _ELU1
+    if isinstance(fm, Relu):
+        return _RELU
+    if isinstance(fm, Identity):
+        return _IDENTITY
+    return -1
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _heads(x, code, unit, ones, out):  # pragma: no cover - jitted
+    t, nh, d = x.shape
+    one = out.dtype.type(1)
+    zero = out.dtype.type(0)
+    for h in prange(nh):
+        for i in range(t):
+            if code == 2:  # branch-free so that the loop vectorizes
+                for p in range(d):
+                    a = out.dtype.type(x[i, h, p])
+                    e = fast_exp(zero if a > zero else a)  # NaN stays NaN
+                    out[h, i, p] = a + one if a > zero else e
+            elif code == 1:
+                for p in range(d):
+                    a = out.dtype.type(x[i, h, p])
+                    out[h, i, p] = zero if a < zero else a
+            else:
+                for p in range(d):
+                    out[h, i, p] = x[i, h, p]
+            if unit:
+                n2 = 0.0
+                for p in range(d):
+                    n2 += np.float64(out[h, i, p]) * np.float64(out[h, i, p])
+                if n2 > 0:
+                    r = 1.0 / math.sqrt(n2)
+                    for p in range(d):
+                        out[h, i, p] = np.float64(out[h, i, p]) * r
+            if ones:
+                out[h, i, d] = one
+
+
+def heads(x: Any, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: bool = False):
+    """φ(x) [T, H, D] (x as given when fm is None) as a new [H, T, D (+1)] array in cdt."""
+    code = _IDENTITY if fm is None else map_code(fm)
+    src = np.asarray(x)
+    if code < 0:
+        assert fm is not None
+        src = fm(np.asarray(x, dtype=cdt), xp=np)
+        code = _IDENTITY
+    src = np.ascontiguousarray(src, dtype=cdt)
+    t, h, d = src.shape
+    out = np.empty((h, t, d + int(ones)), dtype=cdt)
+    _heads(src, code, bool(unit), bool(ones), out)
+    return out
