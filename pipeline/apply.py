@@ -11,7 +11,6 @@ with ``mean``/``last`` the blocks are reduced as they go.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,9 +21,10 @@ from apache_beam.metrics import Metrics
 from linstream.state import SequenceState
 
 from .elements import ChunkResult
+from .progress import Progress
 from .steps import BadInput, ChunkStep
 
-__all__ = ["Applied", "Applier", "Counters", "Progress", "Refused", "is_int"]
+__all__ = ["Applied", "Applier", "Counters", "Refused", "is_int"]
 
 
 def is_int(x: Any) -> bool:
@@ -53,33 +53,6 @@ class Counters:
         if reason not in self._by_reason:
             self._by_reason[reason] = Metrics.counter(self.namespace, f"dead_letters.{reason}")
         self._by_reason[reason].inc()
-
-
-class Progress:
-    """Logs tokens done and tokens/s on this worker every ``every_s`` seconds."""
-
-    def __init__(self, every_s: float | None) -> None:
-        self.every_s = every_s
-        self.start = time.monotonic()
-        self.last = self.start
-        self.tokens = 0
-        self.chunks = 0
-
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
-        self.chunks += 1
-        if self.every_s is None:
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            rate = self.tokens / max(now - self.start, 1e-9)
-            print(
-                f"linstream: {self.tokens:,} tokens in {self.chunks:,} chunks, "
-                f"{rate:,.0f} tokens/s",
-                file=sys.stderr,
-                flush=True,
-            )
 
 
 @dataclass
@@ -118,7 +91,7 @@ class Applier:
         self,
         step: ChunkStep,
         counters: Counters,
-        progress: Progress,
+        progress: Progress,  # linstream.pipeline.progress
         *,
         emit: str,
         max_chunk_tokens: int,

@@ -46,9 +46,10 @@ from linstream.state import (
     unpack_state,
 )
 
-from .apply import Applied, Applier, Counters, Progress, is_int
+from .apply import Applied, Applier, Counters, is_int
 from .elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder, DeadLetter
 from .ordering import BufferIndex, DigestWindow, Meta, chunk_digest
+from .progress import Progress
 from .spans import SpanWriter
 from .steps import BadInput, ChunkStep
 
@@ -93,6 +94,7 @@ class SequenceDoFn(beam.DoFn):
         output_dir: str | None = None,
         max_chunk_tokens: int = 1 << 20,
         block_tokens: int = 8192,
+        total_tokens: int | None = None,
     ) -> None:
         if emit not in EMIT_MODES:
             msg = f"emit must be one of {EMIT_MODES}, got {emit!r}"
@@ -130,6 +132,7 @@ class SequenceDoFn(beam.DoFn):
         self.output_dir = output_dir
         self.max_chunk_tokens = int(max_chunk_tokens)
         self.block_tokens = int(block_tokens)
+        self.total_tokens = total_tokens  # for the progress line's ETA, when known
         self._store: CheckpointStore | None = None
         self._spans: SpanWriter | None = None
         self._m: Counters | None = None
@@ -156,7 +159,7 @@ class SequenceDoFn(beam.DoFn):
             self._applier = Applier(
                 self.step,
                 self.m,
-                Progress(self.progress_every_s),
+                Progress(self.progress_every_s, self.total_tokens),
                 emit=self.emit,
                 max_chunk_tokens=self.max_chunk_tokens,
                 block_tokens=self.block_tokens,

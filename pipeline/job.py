@@ -103,6 +103,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         progress_every_s=progress if progress else None,
         restore_fallback=bool(_get(args, "restore_fallback", False)),
         output_dir=output if commit_outputs else None,
+        total_tokens=_get(args, "total_tokens"),
     )
     width = int(transform._dofn.step.model.config.d_model)  # type: ignore[attr-defined]  # EmbedStep
     if _get(args, "streaming", False):

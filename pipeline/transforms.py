@@ -90,6 +90,7 @@ class CausalLinearAttention(_SequenceTransform):
     output_dir: write each span of results as part of the checkpoint commit that covers it,
         under `<output_dir>/results/` (exactly once across crashes and resumes; needs
         checkpoint_dir).  Results are still emitted on the main output.
+    total_tokens: the input's token count when known (the progress line's ETA).
     max_chunk_tokens: longer chunks are dead-lettered (`too_large`) before any work; chunks are
         computed in blocks of `block_tokens` tokens, so memory stays bounded.
     idle_timeout: event-time seconds after a sequence's last chunk before its Beam state is
@@ -114,6 +115,7 @@ class CausalLinearAttention(_SequenceTransform):
         restore_fallback: bool = False,
         output_dir: str | None = None,
         max_chunk_tokens: int = 1 << 20,
+        total_tokens: int | None = None,
     ) -> None:
         super().__init__(
             RawAttentionStep(feature_map, eps, backend, state_dtype),
@@ -128,6 +130,7 @@ class CausalLinearAttention(_SequenceTransform):
             restore_fallback=restore_fallback,
             output_dir=output_dir,
             max_chunk_tokens=max_chunk_tokens,
+            total_tokens=total_tokens,
         )
 
 
@@ -157,6 +160,7 @@ class EmbedSequences(_SequenceTransform):
         restore_fallback: bool = False,
         output_dir: str | None = None,
         max_chunk_tokens: int = 1 << 20,
+        total_tokens: int | None = None,
     ) -> None:
         super().__init__(
             EmbedStep(model, backend, state_dtype),
@@ -171,4 +175,5 @@ class EmbedSequences(_SequenceTransform):
             restore_fallback=restore_fallback,
             output_dir=output_dir,
             max_chunk_tokens=max_chunk_tokens,
+            total_tokens=total_tokens,
         )
