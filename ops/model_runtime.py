@@ -27,12 +27,13 @@ follow the caller:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.resources
 import os
 import re
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,54 @@ BUILTIN_PREFIX = "builtin:"
 _BUILTIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (uploads)
+# Chunks shorter than this run their matrix products on one BLAS thread: a product of a few
+# dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
+# BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
+# two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
+_BLAS_SINGLE_THREAD_BELOW = 512
+
+
+@functools.cache
+def _blas_controller() -> Any:
+    """threadpoolctl's view of the BLAS libraries loaded in this process (found once)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
+
+
+class _SingleThreadedBlas:
+    """Holds the process's BLAS at one thread while any caller is inside; callers on several
+    threads share one limit (set by the first in, restored by the last out)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._limiter: Any = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._limiter = _blas_controller().limit(limits=1)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._limiter.restore_original_limits()
+                    self._limiter = None
+
+
+_single_threaded_blas = _SingleThreadedBlas()
+
+
+def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
+    """The BLAS thread layout for a chunk of `tokens` rows (one thread for short chunks)."""
+    if tokens < _BLAS_SINGLE_THREAD_BELOW:
+        return _single_threaded_blas()
+    return contextlib.nullcontext()
 
 
 def _builtin_dir() -> Any:
@@ -600,7 +649,8 @@ class EmbeddingModel:
         attend = functools.partial(
             causal_linear_attention, feature_map=self.feature_map, eps=self.config.eps, backend=name
         )
-        return _forward_chunk(np, self._host, x_in, st, config=self.config, attend=attend)
+        with _blas_threads_for(int(x_in.shape[0])):
+            return _forward_chunk(np, self._host, x_in, st, config=self.config, attend=attend)
 
     def _weights_on(self, dev: _Device) -> _Weights:
         """The weights on dev, uploaded on first use there and cached with the model."""

@@ -62,6 +62,11 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "numba_causal"]
 # own sum), so the shortest of the flat range is the default.
 DEFAULT_CHUNK_SIZE = 64
 
+# Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
+# on the calling thread: waking the other threads costs more than it saves, and on a busy machine
+# a parallel region waits for its slowest thread (the model runtime's small chunks).
+_PARALLEL_MIN_WORK = 1 << 22
+
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
 _FASTMATH: set[str] = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -142,9 +147,9 @@ def _exp_overload(x):  # unannotated: numba compares its signature with the lamb
 
 
 @functools.cache
-def _causal_kernel(d_k: int, d_v: int) -> Any:
+def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     """The kernel for heads of width (d_k, d_v), both compile-time constants (one compile per
-    shape and dtype combination, then from Numba's on-disk cache)."""
+    shape and dtype combination, then from Numba's on-disk cache); heads in parallel or not."""
     dk, dv = int(d_k), int(d_v)
     dv4 = dv - dv % 4  # rows handled four at a time; the rest one by one
 
@@ -171,7 +176,7 @@ def _causal_kernel(d_k: int, d_v: int) -> Any:
                     x = dst[i, f]
                     dst[i, f] = x if x > zero else zero
 
-    @numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)
+    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH)
     def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk):  # pragma: no cover - compiled
         """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
         [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]
@@ -312,5 +317,6 @@ def numba_causal(
     dv = vx.shape[2]
     out = np.empty((t, h, dv), dtype=cdt)
     c = max(1, min(int(chunk_size), t))
-    _causal_kernel(f, dv)(qx, kx, vx, s_new, z_new, out, code, float(eps), c)
+    parallel = h > 1 and t * h * f * dv >= _PARALLEL_MIN_WORK
+    _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c)
     return out, AttentionState(s_new, z_new)
