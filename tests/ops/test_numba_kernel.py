@@ -90,3 +90,36 @@ def test_float32_state_stays_float32_and_inputs_unchanged(path):
     np.testing.assert_array_equal(st0.z, z_before)
     ref, _ = causal_quadratic(q, k, v)
     assert token_error(out, ref[50:]) < TOL[np.float32]
+
+
+# -- the model's feed-forward activation (backend "numba") ---------------------------------------
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("rows", [3, 2048], ids=["serial", "parallel"])
+def test_numba_activation_matches_numpy(act, rows):
+    """The fused one-pass activation against the runtime's NumPy one, far tails included."""
+    from linstream.ops.model_runtime import _activation
+
+    rng = np.random.default_rng(rows)
+    u = (rng.standard_normal((rows, 512)) * 4).astype(np.float32)
+    u[0, :6] = [-100.0, -30.0, -1e-4, 0.0, 30.0, 100.0]
+    expected = _activation(np, u.astype(np.float64), act)
+    got = nb.numba_activation(u.copy(), act)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
+def test_model_with_numba_backend_matches_numpy_backend(act):
+    from linstream.ops import EmbeddingModel, ModelConfig
+    from linstream.ops.model_weights import init_weights
+
+    config = ModelConfig(
+        vocab_size=50, d_model=32, n_layers=2, n_heads=2, d_head=16, d_ff=64, activation=act
+    )
+    model = EmbeddingModel(config, init_weights(config, 1))
+    x = np.random.default_rng(2).integers(0, 50, 300)
+    e_nb, s_nb = model.embed_chunk(x, None, backend="numba")
+    e_np, s_np = model.embed_chunk(x, None, backend="numpy")
+    np.testing.assert_allclose(e_nb, e_np, rtol=1e-4, atol=1e-5)
+    for a, b in zip(s_nb, s_np, strict=True):
+        assert rel_error(a.S, b.S) < 1e-5
