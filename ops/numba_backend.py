@@ -15,19 +15,23 @@ rounding of where the chunk boundaries fall.
 
 What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
-- d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v)` compiles one kernel per head
-  shape (cached in memory and on disk), so every inner loop has a known trip count;
+- d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
+  kernel per head shape (cached in memory and on disk), so every inner loop has a known trip
+  count; inputs under _PARALLEL_MIN_WORK run their heads on the calling thread;
 - the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
   and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, four rows at a time
   (four independent sums: one per row would wait on its own add chain);
-- φ is applied while a chunk of q and k is gathered into contiguous buffers, with a float32 exp
-  built from operations LLVM vectorizes (math.exp is a scalar libm call without SVML);
+- a chunk of q and k is copied into contiguous buffers (a plain copy keeps the strided row loads
+  in flight) and φ applied there, with a float32 exp built from operations LLVM vectorizes
+  (math.exp is a scalar libm call without SVML);
 - typed zeros everywhere in compute-dtype loops (a literal 0.0 would widen float32 to float64).
 
 elu+1, relu and identity are compiled in; FAVOR+ (a map with parameters) is applied in NumPy first
-and the kernel then runs with identity.  No BLAS is called, so nothing competes with the per-head
-threads.  Kernels are compiled with `cache=True` (on-disk cache next to this file, or
-NUMBA_CACHE_DIR), so workers of a Beam job load them instead of compiling.
+and the kernel then runs with identity.  `numba_activation` is the model runtime's feed-forward
+activation (relu, silu, gelu_tanh) in one fused float32 pass, built on the same exp.  No BLAS is
+called, so nothing competes with the per-head threads.  Kernels are compiled with `cache=True`
+(on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job load them
+instead of compiling.
 """
 
 from __future__ import annotations
@@ -57,9 +61,9 @@ from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 __all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
-# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32): the speed is
-# flat from 64 up; longer chunks only let float32 rounding in ΔS grow (relative to the chunk's
-# own sum), so the shortest of the flat range is the default.
+# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): 64 was
+# the fastest, 32 about 20% slower, 128-256 within 10%; longer chunks also let float32 rounding in
+# ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
 # Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
