@@ -180,7 +180,9 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                     x = dst[i, f]
                     dst[i, f] = x if x > zero else zero
 
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH)
+    # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
+    # exception, on both paths (parallel regions always behave so)
+    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
     def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk):  # pragma: no cover - compiled
         """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
         [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]

@@ -123,3 +123,15 @@ def test_model_with_numba_backend_matches_numpy_backend(act):
     np.testing.assert_allclose(e_nb, e_np, rtol=1e-4, atol=1e-5)
     for a, b in zip(s_nb, s_np, strict=True):
         assert rel_error(a.S, b.S) < 1e-5
+
+
+def test_zero_denominator_gives_nan_like_numpy(path):
+    """eps=0 and φ(k) = 0 (identity map, zero keys): 0/0 per token, NaN as NumPy gives, no
+    exception (the pipeline's warm-up call runs exactly this)."""
+    x = np.zeros((2, 1, 2), dtype=np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ref, _ = causal_linear_attention(x, x, x, feature_map="identity", eps=0.0, backend="numpy")
+    out, st = causal_linear_attention(x, x, x, feature_map="identity", eps=0.0, backend="numba")
+    assert np.isnan(ref).all()
+    assert np.isnan(out).all()
+    np.testing.assert_array_equal(st.z, 0.0)
