@@ -27,12 +27,13 @@ follow the caller:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.resources
 import os
 import re
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,54 @@ BUILTIN_PREFIX = "builtin:"
 _BUILTIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (uploads)
+# Chunks shorter than this run their matrix products on one BLAS thread: a product of a few
+# dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
+# BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
+# two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
+_BLAS_SINGLE_THREAD_BELOW = 512
+
+
+@functools.cache
+def _blas_controller() -> Any:
+    """threadpoolctl's view of the BLAS libraries loaded in this process (found once)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
+
+
+class _SingleThreadedBlas:
+    """Holds the process's BLAS at one thread while any caller is inside; callers on several
+    threads share one limit (set by the first in, restored by the last out)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._limiter: Any = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._limiter = _blas_controller().limit(limits=1)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._limiter.restore_original_limits()
+                    self._limiter = None
+
+
+_single_threaded_blas = _SingleThreadedBlas()
+
+
+def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
+    """The BLAS thread layout for a chunk of `tokens` rows (one thread for short chunks)."""
+    if tokens < _BLAS_SINGLE_THREAD_BELOW:
+        return _single_threaded_blas()
+    return contextlib.nullcontext()
 
 
 def _builtin_dir() -> Any:
@@ -222,13 +271,15 @@ def _forward_chunk(
     *,
     config: ModelConfig,
     attend: Attend,
+    activate: Callable[[Any, str], Any] | None = None,
 ) -> tuple[Any, list[AttentionState]]:
     """One chunk through the model with the array namespace xp (numpy, or cupy on a device).
 
     x_in: checked token ids [T] or feature vectors [T, input_dim]; w, states: arrays of xp;
-    attend(q, k, v, state) -> (out [T, H, d_head], new state), arrays of xp.  Returns (emb
-    [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies between the host
-    and a device, so on a device every layer's activations stay there.
+    attend(q, k, v, state) -> (out [T, H, d_head], new state), arrays of xp; activate(u, name):
+    the feed-forward activation in place on a fresh buffer (default: `_activation` with xp).
+    Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies
+    between the host and a device, so on a device every layer's activations stay there.
     """
     c = config
     if w.embed is not None:
@@ -248,7 +299,8 @@ def _forward_chunk(
         u = _norm(xp, x, layer.n2, c.norm_eps) @ layer.w_up
         if layer.b_up is not None:
             u += layer.b_up
-        x += _activation(xp, u, c.activation) @ layer.w_down
+        u = _activation(xp, u, c.activation) if activate is None else activate(u, c.activation)
+        x += u @ layer.w_down
         if layer.b_down is not None:
             x += layer.b_down
     return _norm(xp, x, w.final, c.norm_eps), new_states
@@ -600,7 +652,16 @@ class EmbeddingModel:
         attend = functools.partial(
             causal_linear_attention, feature_map=self.feature_map, eps=self.config.eps, backend=name
         )
-        return _forward_chunk(np, self._host, x_in, st, config=self.config, attend=attend)
+        activate: Callable[[Any, str], Any] | None = None
+        if name == "numba" and self.compute_dtype == np.float32:
+            # one fused pass over the feed-forward buffer instead of NumPy's nine
+            from .numba_backend import numba_activation
+
+            activate = numba_activation
+        with _blas_threads_for(int(x_in.shape[0])):
+            return _forward_chunk(
+                np, self._host, x_in, st, config=self.config, attend=attend, activate=activate
+            )
 
     def _weights_on(self, dev: _Device) -> _Weights:
         """The weights on dev, uploaded on first use there and cached with the model."""

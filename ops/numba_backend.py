@@ -1,37 +1,44 @@
-"""Numba CPU kernel for causal linear attention, chunkwise form with a carried state.
+"""Numba CPU kernel for causal linear attention: the recurrence, with the chunk's part in float32.
 
-One head per `prange` iteration.  For each chunk of C tokens of one head (Q̃ = φ(Q), K̃ = φ(K),
-A = tril(Q̃K̃ᵀ), diagonal included):
+One head per `prange` iteration, token by token, with the current token included:
 
-    numerator = Q̃S + AV,  denominator = Q̃z + A1,  y = numerator / (denominator + eps)
-    S ← S + K̃ᵀV,         z ← z + K̃ᵀ1
+    S ← S + φ(k_t) v_tᵀ,  z ← z + φ(k_t),  y_t = φ(q_t)ᵀS / (φ(q_t)ᵀz + eps)
 
-φ is applied while the chunk is gathered into contiguous buffers (elu+1, relu, identity are
-compiled in; FAVOR+ is applied in NumPy first and the kernel then runs with identity).  Chunk math
-runs in the compute dtype (float32 or float64); the chunk's contribution K̃ᵀV is added to the
-carried state in the state dtype (float64 by default), and a compute-dtype copy of the state is
-read by the next chunk.  Denominators and the final ratio are formed in float64 (O(C·d) per
-token) so float32 chunk math stays within ~1.5e-7 of the float64 result.  float32 uses a
-polynomial exp that LLVM vectorizes (math.exp is a scalar libm call without SVML and would cost
-more than the state update).
+The carried state (S, z) stays in the state dtype (float64 by default) and is touched once per
+chunk of C tokens: inside a chunk the kernel reads a compute-dtype copy S₀ of it and adds the
+tokens to a compute-dtype delta ΔS that starts at zero, so y_t = φ(q_t)ᵀ(S₀ + ΔS_t); at the end of
+the chunk ΔS is added to the carried S in the state dtype and S₀ is refreshed.  Rounding inside a
+chunk is therefore relative to the chunk's own contribution, never to the (growing) state, and a
+float64 z keeps counting past 2^24 tokens.  The denominator is formed in float64 (O(d_k) per
+token).  Any split of a sequence into calls gives the same result as one call, up to the
+rounding of where the chunk boundaries fall.
 
-Two kernels, one computation: `_causal_chunked` sends the four products per chunk to BLAS
-(np.dot; SciPy's OpenBLAS, held to one thread during the call so it does not fight the per-head
-threads), `_causal_loops` writes them as loops and serves short chunks and narrow heads.
+What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
-Kernels are compiled with `cache=True` (on-disk cache next to this file, or NUMBA_CACHE_DIR), so
-workers of a Beam job load them instead of compiling.
+- d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
+  kernel per head shape (cached in memory and on disk), so every inner loop has a known trip
+  count; inputs under _PARALLEL_MIN_WORK run their heads on the calling thread;
+- the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
+  and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, four rows at a time
+  (four independent sums: one per row would wait on its own add chain);
+- a chunk of q and k is copied into contiguous buffers (a plain copy keeps the strided row loads
+  in flight) and φ applied there, with a float32 exp built from operations LLVM vectorizes
+  (math.exp is a scalar libm call without SVML);
+- typed zeros everywhere in compute-dtype loops (a literal 0.0 would widen float32 to float64).
+
+elu+1, relu and identity are compiled in; FAVOR+ (a map with parameters) is applied in NumPy first
+and the kernel then runs with identity.  `numba_activation` is the model runtime's feed-forward
+activation (relu, silu, gelu_tanh) in one fused float32 pass, built on the same exp.  No BLAS is
+called, so nothing competes with the per-head threads.  Kernels are compiled with `cache=True`
+(on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job load them
+instead of compiling.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import glob
 import math
 import os
-from collections.abc import Iterator
 from typing import Any
 
 # Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
@@ -51,18 +58,18 @@ from numba.extending import intrinsic, overload
 from .attention_state import AttentionState
 from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "numba_causal"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
 
-# Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32; tests/bench/RESULTS-ops.md):
-# 32-64 are within noise of each other, 16 and 128 are slower; 64 also keeps the BLAS kernel
-# for heads of width >= 16.
+# How many tokens' contributions are summed in the compute dtype before they are added to the
+# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): 64 was
+# the fastest, 32 about 20% slower, 128-256 within 10%; longer chunks also let float32 rounding in
+# ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
-# The loop kernel beats four BLAS calls per chunk for short chunks, and for narrow heads
-# (d_k or d_v below 16) unless the chunk is long (its C² part is then better in BLAS).
-_BLAS_MIN_DIM = 16
-_BLAS_MIN_CHUNK = 8
-_LOOPS_MAX_CHUNK = 64
+# Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
+# on the calling thread: waking the other threads costs more than it saves, and on a busy machine
+# a parallel region waits for its slowest thread (the model runtime's small chunks).
+_PARALLEL_MIN_WORK = 1 << 22
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
@@ -143,201 +150,133 @@ def _exp_overload(x):  # unannotated: numba compares its signature with the lamb
     return lambda x: math.exp(x)
 
 
-@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)
-def _gather_mapped(src: Any, s: int, n: int, h: int, fmap: int, dst: Any, d: int) -> None:
-    """dst[:n, :d] = φ(src[s:s+n, h, :d]) in dst's dtype (one fused, vectorizable pass per row)."""
-    one = dst.dtype.type(1)
-    zero = dst.dtype.type(0)
-    if fmap == _FMAP_ELU1:
-        for i in range(n):
-            for f in range(d):
-                x = dst.dtype.type(src[s + i, h, f])
-                e = _exp(zero if x > zero else x)
-                dst[i, f] = x + one if x > zero else e
-    elif fmap == _FMAP_RELU:
-        for i in range(n):
-            for f in range(d):
-                x = dst.dtype.type(src[s + i, h, f])
-                dst[i, f] = x if x > zero else zero
-    else:
-        for i in range(n):
-            for f in range(d):
-                dst[i, f] = src[s + i, h, f]
-
-
-@numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)
-def _causal_chunked(q, k, v, s_state, z_state, out, fmap, eps, chunk):
-    """One call over a whole input; heads run in parallel.
-
-    q, k [T, H, d_k] and v [T, H, d_v] in the compute dtype (C-contiguous); s_state [H, F, d_v]
-    and z_state [H, F] in the state dtype, updated in place; out [T, H, d_v] is written.
-    The four products per chunk go to BLAS through np.dot (single-threaded at these sizes);
-    a last partial chunk is zero-padded, which adds nothing to the state.
-    """
-    t, nh, d = q.shape
-    dv = v.shape[2]
-    cdt = q.dtype
-    zero = cdt.type(0)
-    for h in prange(nh):
-        qc = np.zeros((chunk, d), cdt)  # φ(Q) of the chunk
-        kc = np.zeros((chunk, d), cdt)  # φ(K) of the chunk
-        vc = np.zeros((chunk, dv), cdt)
-        sc = np.empty((d, dv), cdt)  # compute-dtype copy of the carried S
-        zc = np.empty(d, cdt)
-        amat = np.empty((chunk, chunk), cdt)  # tril(φ(Q)φ(K)ᵀ)
-        num = np.empty((chunk, dv), cdt)
-        num2 = np.empty((chunk, dv), cdt)
-        ds = np.empty((d, dv), cdt)  # the chunk's K̃ᵀV
-        for f in range(d):
-            zc[f] = z_state[h, f]
-            for e in range(dv):
-                sc[f, e] = s_state[h, f, e]
-        for s in range(0, t, chunk):
-            n = min(chunk, t - s)
-            _gather_mapped(q, s, n, h, fmap, qc, d)
-            _gather_mapped(k, s, n, h, fmap, kc, d)
-            for i in range(n):
-                for e in range(dv):
-                    vc[i, e] = v[s + i, h, e]
-            for i in range(n, chunk):
-                for f in range(d):
-                    qc[i, f] = zero
-                    kc[i, f] = zero
-                for e in range(dv):
-                    vc[i, e] = zero
-            np.dot(qc, sc, num)  # Q̃S
-            np.dot(qc, kc.T, amat)  # Q̃K̃ᵀ
-            for i in range(chunk):
-                for j in range(i + 1, chunk):
-                    amat[i, j] = zero
-            np.dot(amat, vc, num2)  # AV
-            for i in range(n):
-                # the denominator and the final ratio in float64: O(C·d) per token, and it keeps
-                # float32 chunk math within ~3e-7 of the float64 result (see test_precision_long)
-                den = 0.0
-                for f in range(d):
-                    den += np.float64(qc[i, f] * zc[f])
-                for j in range(i + 1):
-                    den += np.float64(amat[i, j])
-                inv = 1.0 / (den + eps)
-                for e in range(dv):
-                    out[s + i, h, e] = (np.float64(num[i, e]) + np.float64(num2[i, e])) * inv
-            np.dot(kc.T, vc, ds)  # K̃ᵀV, added to the state in the state dtype
-            for f in range(d):
-                dz = zero
-                for j in range(n):
-                    dz += kc[j, f]
-                z_state[h, f] += dz
-                zc[f] = z_state[h, f]
-                for e in range(dv):
-                    s_state[h, f, e] += ds[f, e]
-                    sc[f, e] = s_state[h, f, e]
-
-
-@numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)
-def _causal_loops(q, k, v, s_state, z_state, out, fmap, eps, chunk):
-    """The same computation as `_causal_chunked` in plain loops, for small heads or chunks
-    (d_k or d_v below 16, C below 8), where BLAS call overhead would dominate."""
-    t, nh, d = q.shape
-    dv = v.shape[2]
-    cdt = q.dtype
-    zero = cdt.type(0)
-    for h in prange(nh):
-        qc = np.empty((chunk, d), cdt)
-        kc = np.empty((chunk, d), cdt)
-        vc = np.empty((chunk, dv), cdt)
-        sc = np.empty((d, dv), cdt)
-        zc = np.empty(d, cdt)
-        ds = np.empty((d, dv), cdt)
-        row = np.empty(dv, np.float64)  # accumulated in float64, like the BLAS kernel's ratio
-        for f in range(d):
-            zc[f] = z_state[h, f]
-            for e in range(dv):
-                sc[f, e] = s_state[h, f, e]
-        for s in range(0, t, chunk):
-            n = min(chunk, t - s)
-            _gather_mapped(q, s, n, h, fmap, qc, d)
-            _gather_mapped(k, s, n, h, fmap, kc, d)
-            for i in range(n):
-                for e in range(dv):
-                    vc[i, e] = v[s + i, h, e]
-            for i in range(n):
-                den = 0.0
-                for f in range(d):
-                    den += np.float64(qc[i, f] * zc[f])
-                for e in range(dv):
-                    row[e] = 0.0
-                for f in range(d):
-                    a = qc[i, f]
-                    for e in range(dv):
-                        row[e] += np.float64(a * sc[f, e])
-                for j in range(i + 1):
-                    a = zero
-                    for f in range(d):
-                        a += qc[i, f] * kc[j, f]
-                    den += np.float64(a)
-                    for e in range(dv):
-                        row[e] += np.float64(a * vc[j, e])
-                inv = 1.0 / (den + eps)
-                for e in range(dv):
-                    out[s + i, h, e] = row[e] * inv
-            for f in range(d):
-                dz = zero
-                for j in range(n):
-                    dz += kc[j, f]
-                z_state[h, f] += dz
-                zc[f] = z_state[h, f]
-                for e in range(dv):
-                    ds[f, e] = zero
-                for j in range(n):
-                    a = kc[j, f]
-                    for e in range(dv):
-                        ds[f, e] += a * vc[j, e]
-                for e in range(dv):
-                    s_state[h, f, e] += ds[f, e]
-                    sc[f, e] = s_state[h, f, e]
-
-
 @functools.cache
-def _blas_thread_controls() -> tuple[Any, Any] | None:
-    """(get, set) for the thread count of the BLAS that Numba's np.dot calls (SciPy's OpenBLAS).
+def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
+    """The kernel for heads of width (d_k, d_v), both compile-time constants (one compile per
+    shape and dtype combination, then from Numba's on-disk cache); heads in parallel or not."""
+    dk, dv = int(d_k), int(d_v)
+    dv4 = dv - dv % 4  # rows handled four at a time; the rest one by one
 
-    Its own threads would compete with the kernel's per-head threads (and collapse throughput
-    by 10-100× once a product is large enough for OpenBLAS to go parallel).  None when the
-    library is not a recognizable OpenBLAS (then nothing is changed).
-    """
-    try:
-        import scipy
+    @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)
+    def map_chunk(src, s, n, h, fmap, dst):  # pragma: no cover - compiled
+        """dst[:n, :dk] = φ(src[s:s+n, h, :dk]) in dst's dtype.
 
-        libs = glob.glob(os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "*"))
-        for path in sorted(libs):
-            if "openblas" not in os.path.basename(path):
-                continue
-            lib = ctypes.CDLL(path)
-            for prefix in ("scipy_openblas", "openblas"):
-                get = getattr(lib, f"{prefix}_get_num_threads", None)
-                set_ = getattr(lib, f"{prefix}_set_num_threads", None)
-                if get is not None and set_ is not None:
-                    get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
-                    return get, set_
-    except (ImportError, OSError):  # no SciPy wheel layout: leave the BLAS alone
-        pass
-    return None
+        The rows are copied first and mapped in place after: a plain copy keeps many strided
+        row loads in flight, while the map's arithmetic between loads would serialize them."""
+        one = dst.dtype.type(1)
+        zero = dst.dtype.type(0)
+        for i in range(n):
+            for f in range(dk):
+                dst[i, f] = src[s + i, h, f]
+        if fmap == _FMAP_ELU1:
+            for i in range(n):
+                for f in range(dk):
+                    x = dst[i, f]
+                    e = _exp(zero if x > zero else x)
+                    dst[i, f] = x + one if x > zero else e
+        elif fmap == _FMAP_RELU:
+            for i in range(n):
+                for f in range(dk):
+                    x = dst[i, f]
+                    dst[i, f] = x if x > zero else zero
 
+    # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
+    # exception, on both paths (parallel regions always behave so)
+    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk):  # pragma: no cover - compiled
+        """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
+        [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]
+        (compute dtype) is written.  fmap: _FMAP_*; eps: float64; chunk: tokens per fold."""
+        t = q.shape[0]
+        nh = q.shape[1]
+        cdt = q.dtype
+        sdt = s_state.dtype
+        zero = cdt.type(0)
+        for h in prange(nh):
+            st = np.empty((dv, dk), sdt)  # the carried S, transposed (state dtype)
+            s0 = np.empty((dv, dk), cdt)  # st in the compute dtype, refreshed once per chunk
+            ds = np.zeros((dv, dk), cdt)  # this chunk's tokens so far: Σ v φ(k)ᵀ
+            zt = np.empty(dk, sdt)
+            dz = np.zeros(dk, cdt)
+            qc = np.empty((chunk, dk), cdt)  # φ(q), φ(k), v of the chunk, contiguous
+            kc = np.empty((chunk, dk), cdt)
+            vc = np.empty((chunk, dv), cdt)
+            oc = np.empty((chunk, dv), cdt)
+            for f in range(dk):
+                zt[f] = z_state[h, f]
+                for e in range(dv):
+                    st[e, f] = s_state[h, f, e]
+            for e in range(dv):
+                for f in range(dk):
+                    s0[e, f] = st[e, f]
+            for s in range(0, t, chunk):
+                n = min(chunk, t - s)
+                map_chunk(q, s, n, h, fmap, qc)
+                map_chunk(k, s, n, h, fmap, kc)
+                for i in range(n):
+                    for e in range(dv):
+                        vc[i, e] = v[s + i, h, e]
+                for i in range(n):
+                    # the denominator in float64: O(dk) per token, against the carried z itself
+                    den = 0.0
+                    for f in range(dk):
+                        dz[f] += kc[i, f]
+                        den += np.float64(qc[i, f]) * (np.float64(zt[f]) + np.float64(dz[f]))
+                    inv = 1.0 / (den + eps)
+                    for e in range(0, dv4, 4):
+                        v0 = vc[i, e]
+                        v1 = vc[i, e + 1]
+                        v2 = vc[i, e + 2]
+                        v3 = vc[i, e + 3]
+                        a0 = zero
+                        a1 = zero
+                        a2 = zero
+                        a3 = zero
+                        for f in range(dk):
+                            kf = kc[i, f]
+                            qf = qc[i, f]
+                            x = ds[e, f] + kf * v0
+                            ds[e, f] = x
+                            a0 += qf * (s0[e, f] + x)
+                            x = ds[e + 1, f] + kf * v1
+                            ds[e + 1, f] = x
+                            a1 += qf * (s0[e + 1, f] + x)
+                            x = ds[e + 2, f] + kf * v2
+                            ds[e + 2, f] = x
+                            a2 += qf * (s0[e + 2, f] + x)
+                            x = ds[e + 3, f] + kf * v3
+                            ds[e + 3, f] = x
+                            a3 += qf * (s0[e + 3, f] + x)
+                        oc[i, e] = np.float64(a0) * inv
+                        oc[i, e + 1] = np.float64(a1) * inv
+                        oc[i, e + 2] = np.float64(a2) * inv
+                        oc[i, e + 3] = np.float64(a3) * inv
+                    for e in range(dv4, dv):
+                        ve = vc[i, e]
+                        a = zero
+                        for f in range(dk):
+                            x = ds[e, f] + kc[i, f] * ve
+                            ds[e, f] = x
+                            a += qc[i, f] * (s0[e, f] + x)
+                        oc[i, e] = np.float64(a) * inv
+                for i in range(n):
+                    for e in range(dv):
+                        out[s + i, h, e] = oc[i, e]
+                # fold the chunk into the carried state, in the state dtype
+                for f in range(dk):
+                    zt[f] += dz[f]
+                    dz[f] = zero
+                for e in range(dv):
+                    for f in range(dk):
+                        st[e, f] += ds[e, f]
+                        s0[e, f] = st[e, f]
+                        ds[e, f] = zero
+            for f in range(dk):
+                z_state[h, f] = zt[f]
+                for e in range(dv):
+                    s_state[h, f, e] = st[e, f]
 
-@contextlib.contextmanager
-def _single_threaded_blas() -> Iterator[None]:
-    controls = _blas_thread_controls()
-    if controls is None:
-        yield
-        return
-    get, set_ = controls
-    before = int(get())
-    set_(1)
-    try:
-        yield
-    finally:
-        set_(before)
+    return kernel
 
 
 def _fmap_code(fm: FeatureMap) -> int:
@@ -361,11 +300,12 @@ def numba_causal(
     chunk_size: int,
     dtype: Any,
 ) -> tuple[np.ndarray, AttentionState]:
-    """Chunkwise causal linear attention on the CPU; inputs already checked by the caller.
+    """Causal linear attention on the CPU; inputs already checked by the caller.
 
     q, k [T, H, d_k]; v [T, H, d_v]; state S [H, F, d_v], z [H, F] (its dtype is the state
-    dtype).  dtype: the compute dtype (float32 or float64).  Returns (out [T, H, d_v] in the
-    compute dtype, the new state).  Neither the inputs nor `state` are modified.
+    dtype).  dtype: the compute dtype (float32 or float64).  chunk_size: how many tokens are
+    summed in the compute dtype before they are added to the state.  Returns (out [T, H, d_v]
+    in the compute dtype, the new state).  Neither the inputs nor `state` are modified.
     """
     cdt = np.dtype(dtype)
     code = _fmap_code(feature_map)
@@ -379,15 +319,57 @@ def numba_causal(
     vx = np.ascontiguousarray(v, dtype=cdt)
     s_new = np.array(state.S, copy=True, order="C")
     z_new = np.array(state.z, copy=True, order="C")
-    t, h, _ = qx.shape
-    out = np.empty((t, h, vx.shape[2]), dtype=cdt)
+    t, h, f = qx.shape
+    dv = vx.shape[2]
+    out = np.empty((t, h, dv), dtype=cdt)
     c = max(1, min(int(chunk_size), t))
-    narrow = min(qx.shape[2], vx.shape[2]) < _BLAS_MIN_DIM
-    small = c < _BLAS_MIN_CHUNK or (narrow and c <= _LOOPS_MAX_CHUNK)
-    kernel = _causal_loops if small else _causal_chunked
-    if small:
-        kernel(qx, kx, vx, s_new, z_new, out, code, cdt.type(eps), c)
-    else:
-        with _single_threaded_blas():
-            kernel(qx, kx, vx, s_new, z_new, out, code, cdt.type(eps), c)
+    parallel = h > 1 and t * h * f * dv >= _PARALLEL_MIN_WORK
+    _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c)
     return out, AttentionState(s_new, z_new)
+
+
+_ACT_CODES = {"relu": 0, "silu": 1, "gelu_tanh": 2}
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _activation_kernel(parallel: bool) -> Any:
+    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH)
+    def act(u, code):  # pragma: no cover - compiled
+        """In place on a C-contiguous [T, d] float32 array, one fused pass per row.
+
+        silu(x) = x·σ(x); gelu_tanh(x) = x/2·(1 + tanh(y)) = x·σ(2y) with
+        y = sqrt(2/π)(x + 0.044715x³), so both need one exp and one division (no cancellation)."""
+        one = np.float32(1)
+        zero = np.float32(0)
+        c1 = np.float32(-2.0 * _SQRT_2_OVER_PI)
+        c3 = np.float32(-2.0 * _SQRT_2_OVER_PI * 0.044715)
+        for i in prange(u.shape[0]):
+            if code == 0:
+                for j in range(u.shape[1]):
+                    x = u[i, j]
+                    u[i, j] = x if x > zero else zero
+            elif code == 1:
+                for j in range(u.shape[1]):
+                    x = u[i, j]
+                    u[i, j] = x / (one + _exp_f32(-x))
+            else:
+                for j in range(u.shape[1]):
+                    x = u[i, j]
+                    u[i, j] = x / (one + _exp_f32(x * (c1 + c3 * x * x)))
+
+    return act
+
+
+_activation_kernels = {p: _activation_kernel(p) for p in (False, True)}
+
+
+def numba_activation(u: np.ndarray, activation: str) -> np.ndarray:
+    """relu, silu or gelu_tanh of a fresh float32 [T, d] buffer, in place (returned).
+
+    The float32 exp is the kernel's vectorizable one; NumPy's version of gelu_tanh takes nine
+    passes over the buffer (tanh among them) where this takes one."""
+    if u.dtype != np.float32 or not u.flags.c_contiguous or u.ndim != 2:
+        msg = f"numba_activation needs a C-contiguous 2-D float32 array, got {u.dtype} {u.shape}"
+        raise TypeError(msg)
+    _activation_kernels[u.size >= _PARALLEL_MIN_WORK // 16](u, _ACT_CODES[activation])
+    return u

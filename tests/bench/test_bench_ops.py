@@ -1,39 +1,90 @@
-"""Throughput of causal linear attention: numba vs numpy vs a straightforward PyTorch loop.
+"""Throughput of causal linear attention: the numba kernel vs its previous version and PyTorch.
 
     make bench      (= pytest tests/bench -m bench -s)
-    pytest tests/bench/test_bench_ops.py -m bench -s
+    pytest tests/bench/test_bench_ops.py -m bench -s -p no:randomly
 
-H=8, d_k=d_v=64, T=65536, float32 inputs, elu+1, float64 carried state for linstream (its
-default).  Work counted as 4·d_k·d_v FLOPs per head-token (state update + read), the minimum;
-the chunkwise form does more.  The float32 matmul rate (NumPy, 2 threads) is measured in the
-same run (before, after, and interleaved with the contenders); the highest is used.  Results go
-to stdout and to RESULTS-ops.md.
+H=8, T=65536 (d=64), float32 inputs, elu+1, float64 carried state for linstream (its default).
+Work counted as 4·d_k·d_v FLOPs per head-token (state update + read), the minimum.  The float32
+matmul rate (NumPy 2048³, 2 threads) is measured before, after and interleaved with the
+contenders; the highest counts.  Rivals in the same run, interleaved, best of 3:
+
+- numba: `causal_linear_attention(backend="numba")` at each chunk size;
+- numba, previous: the kernel as it was at commit BASE_COMMIT (four BLAS products per chunk),
+  loaded from git history (skipped where git or the commit is missing);
+- PyTorch tuned: φ per chunk, z folded into an extra column of V, batched matmuls, buffers
+  allocated once, float32 state; PyTorch straightforward: what a user would write.
+
+Results: stdout, RESULTS-ops.md, and the plots docs/img/kernel-chunks.png and kernel-widths.png.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
-from linstream.ops import causal_linear_attention
+from linstream.ops import AttentionState, causal_linear_attention
+from linstream.ops.feature_maps import get_feature_map
+from threadpoolctl import threadpool_limits
 
 from .conftest import best_times, matmul_flops
+from .plotting import IMG_DIR, bar_plot, line_plot
 
-H, D_K, D_V, T = 8, 64, 64, 65536
-FLOPS_PER_TOKEN = H * 4 * D_K * D_V
+H, D, T = 8, 64, 65536
+CHUNKS = (32, 64, 128, 256)
+# (d_k, d_v) for the head-width table; T scaled so that each call does about the same work
+WIDTHS = ((16, 16), (32, 32), (64, 64), (128, 128), (64, 32), (32, 128))
+BASE_COMMIT = "d311f34"  # the kernel before the recurrent rewrite
 RESULTS = Path(__file__).with_name("RESULTS-ops.md")
-COMMAND = "make bench  (pytest tests/bench/test_bench_ops.py -m bench -s)"
+COMMAND = "pytest tests/bench/test_bench_ops.py -m bench -s -p no:randomly"
 
 
-def _inputs():
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((T, H, D_K), dtype=np.float32)
-    k = rng.standard_normal((T, H, D_K), dtype=np.float32)
-    v = rng.standard_normal((T, H, D_V), dtype=np.float32)
+def _inputs(t, dk, dv, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((t, H, dk), dtype=np.float32)
+    k = rng.standard_normal((t, H, dk), dtype=np.float32)
+    v = rng.standard_normal((t, H, dv), dtype=np.float32)
     return q, k, v
+
+
+def _previous_kernel():
+    """numba_causal as of BASE_COMMIT, imported from git history, or None."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        src = subprocess.run(
+            ["git", "show", f"{BASE_COMMIT}:ops/numba_backend.py"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = Path(tempfile.mkdtemp(prefix="linstream-bench-")) / "numba_previous.py"
+    path.write_text(src)
+    name = "linstream.ops._numba_previous"  # relative imports resolve in linstream.ops
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # Numba's cache looks the module up by name
+    spec.loader.exec_module(mod)
+    fm = get_feature_map("elu+1")
+
+    def run(q, k, v, chunk):
+        st = AttentionState.zeros(q.shape[1], q.shape[2], v.shape[2])
+        return mod.numba_causal(
+            q, k, v, st, feature_map=fm, eps=1e-6, chunk_size=chunk, dtype=np.float32
+        )[0]
+
+    return run
 
 
 def torch_chunked(torch, q, k, v, chunk, eps=1e-6):
@@ -58,147 +109,207 @@ def torch_chunked(torch, q, k, v, chunk, eps=1e-6):
     return torch.cat(outs, 1).transpose(0, 1)
 
 
-@pytest.mark.bench
-def test_bench_ops_throughput():
-    torch = pytest.importorskip("torch")
-    torch.set_num_threads(2)
-    q, k, v = _inputs()
-    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+def torch_tuned(torch, q, k, v, chunk, eps=1e-6):
+    """A tuned PyTorch loop: φ per chunk, z as an extra column of V (one product serves numerator
+    and denominator), batched matmuls into buffers allocated once, float32 state."""
+    t, h, d = q.shape
+    dv = v.shape[2]
+    f = torch.nn.functional
+    qh, kh = q.transpose(0, 1), k.transpose(0, 1)  # [H, T, d] views
+    vx = torch.ones(h, t, dv + 1)
+    vx[:, :, :dv] = v.transpose(0, 1)
+    s = torch.zeros(h, d, dv + 1)
+    out = torch.empty(h, t, dv)
+    mask = torch.ones(chunk, chunk).tril_()
+    a = torch.empty(h, chunk, chunk)
+    nd = torch.empty(h, chunk, dv + 1)
+    for i in range(0, t, chunk):
+        n = min(chunk, t - i)
+        qc = f.elu(qh[:, i : i + n]).add_(1)
+        kc = f.elu(kh[:, i : i + n]).add_(1)
+        vc = vx[:, i : i + n]
+        an, ndn = a[:, :n, :n], nd[:, :n]
+        torch.bmm(qc, kc.transpose(1, 2), out=an).mul_(mask[:n, :n])
+        torch.bmm(an, vc, out=ndn)
+        ndn.baddbmm_(qc, s)
+        torch.div(ndn[..., :dv], ndn[..., dv:] + eps, out=out[:, i : i + n])
+        s.baddbmm_(kc.transpose(1, 2), vc)
+    return out.transpose(0, 1)
+
+
+def _roof_line(before, after, roof):
+    return (
+        f"float32 matmul rate (NumPy 2048³, 2 threads): {before / 1e9:.0f} GFLOP/s before, "
+        f"{after / 1e9:.0f} after, best interleaved with the contenders; using the highest, "
+        f"{roof / 1e9:.0f} GFLOP/s"
+    )
+
+
+def _with_roof(contenders, fn_rounds=3):
+    """best_times with a 2048³ NumPy matmul interleaved; returns (best, roof, roof line)."""
     rng = np.random.default_rng(1)
     ma = rng.standard_normal((2048, 2048), dtype=np.float32)
     mb = rng.standard_normal((2048, 2048), dtype=np.float32)
-    roof_before = matmul_flops()
-
-    contenders = {"matmul 2048³": lambda: ma @ mb}
-    for c in (32, 64, 128):
-        contenders[f"numba C={c}"] = lambda c=c: causal_linear_attention(
-            q, k, v, backend="numba", chunk_size=c
-        )
-    contenders["numba default"] = lambda: causal_linear_attention(q, k, v, backend="numba")
-    for c in (64, 256):
-        contenders[f"numpy C={c}"] = lambda c=c: causal_linear_attention(
-            q, k, v, backend="numpy", chunk_size=c
-        )
-    for c in (64, 128, 256):
-
-        def run_torch(c=c):
-            with torch.inference_mode():
-                return torch_chunked(torch, tq, tk, tv, c)
-
-        contenders[f"torch C={c}"] = run_torch
-    best = best_times(contenders, rounds=3)
-    roof_after = matmul_flops()
-    # the roof: the best of the matmul rounds interleaved with the contenders and the
-    # separate measurements before and after (the highest, so no contender looks better
-    # because the machine was busy when the roof was taken)
-    roof = max(roof_before, roof_after, 2.0 * 2048**3 / best.pop("matmul 2048³"))
-    contenders.pop("matmul 2048³")
-
-    # the contenders compute the same thing
-    ref, _ = causal_linear_attention(q[:4096], k[:4096], v[:4096], backend="numpy")
-    nb_out, _ = causal_linear_attention(q[:4096], k[:4096], v[:4096], backend="numba")
-    with torch.inference_mode():
-        th_out = torch_chunked(torch, tq[:4096], tk[:4096], tv[:4096], 64).numpy()
-    np.testing.assert_allclose(nb_out, ref, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(th_out, ref, rtol=1e-3, atol=1e-4)
-
-    rate = {name: T / t for name, t in best.items()}
-    best_numpy = max((n for n in rate if n.startswith("numpy")), key=rate.__getitem__)
-    best_torch = max((n for n in rate if n.startswith("torch")), key=rate.__getitem__)
-    numba_default = rate["numba default"]
-    lines = [
-        f"H={H}, d_k=d_v={D_K}, T={T}, float32 inputs, elu+1, float64 state (linstream); "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-        f"float32 matmul rate (NumPy 2048³, 2 threads): {roof_before / 1e9:.0f} GFLOP/s before, "
-        f"{roof_after / 1e9:.0f} after, best interleaved with the contenders; using the "
-        f"highest, {roof / 1e9:.0f} GFLOP/s",
-        "",
-        "| implementation | tokens/s | vs best PyTorch | % of matmul rate |",
-        "|---|---:|---:|---:|",
-    ]
-    for name in contenders:
-        r = rate[name]
-        mark = " (best)" if name in (best_numpy, best_torch) else ""
-        lines.append(
-            f"| {name}{mark} | {r:,.0f} | {r / rate[best_torch]:.2f}× | "
-            f"{100 * r * FLOPS_PER_TOKEN / roof:.1f}% |"
-        )
-    lines += [
-        "",
-        f"numba default / best PyTorch ({best_torch}): {numba_default / rate[best_torch]:.2f}× "
-        "(target ≥ 2×)",
-        f"numba default / matmul rate: {100 * numba_default * FLOPS_PER_TOKEN / roof:.1f}% "
-        f"(target ≥ 25%, i.e. {0.25 * roof / FLOPS_PER_TOKEN:,.0f} tokens/s here)",
-        f"numba default / best numpy ({best_numpy}): {numba_default / rate[best_numpy]:.2f}×",
-    ]
-    table = "\n".join(lines)
-    print("\n" + table)
-    RESULTS.write_text(
-        "# Ops benchmark (issue 2, item 7)\n\nCommand: `" + COMMAND + "`\n\n" + table + "\n"
-    )
+    before = matmul_flops()
+    best = best_times({"matmul": lambda: ma @ mb, **contenders}, rounds=fn_rounds)
+    after = matmul_flops()
+    roof = max(before, after, 2.0 * 2048**3 / best.pop("matmul"))
+    return best, roof, _roof_line(before, after, roof)
 
 
 @pytest.mark.bench
-def test_bench_numba_profile():
-    """Where the numba kernel's time goes (H=8, d=64, C=64): the four BLAS products alone,
-    the feature map (elu+1 vs identity), and the rest (gathers, denominators, state update)."""
-    import numba
-    from linstream.ops.numba_backend import DEFAULT_CHUNK_SIZE, _single_threaded_blas
+def test_bench_kernel_vs_chunk_size():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(2)
+    q, k, v = _inputs(T, D, D)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    previous = _previous_kernel()
 
-    c = DEFAULT_CHUNK_SIZE
+    # each implementation at the chunk sizes around its best (the rivals' C=32 runs are the
+    # slowest and add nothing but time on a busy machine)
+    runs = {
+        "numba": (
+            CHUNKS,
+            lambda c: causal_linear_attention(q, k, v, backend="numba", chunk_size=c),
+        ),
+        "PyTorch tuned": ((64, 128, 256), lambda c: torch_tuned(torch, tq, tk, tv, c)),
+        "PyTorch straightforward": ((64, 256), lambda c: torch_chunked(torch, tq, tk, tv, c)),
+    }
+    if previous is not None:
+        runs["numba, previous"] = ((64, 128, 256), lambda c: previous(q, k, v, c))
+    contenders = {(a, c): functools.partial(fn, c) for a, (cs, fn) in runs.items() for c in cs}
+    # the same two kernels on one thread: the per-core ratio, which a busy second vCPU hides
+    one_thread = {"numba, 1 thread": lambda: causal_linear_attention(q, k, v, backend="numba")}
+    if previous is not None:
+        one_thread["numba, previous, 1 thread"] = lambda: previous(q, k, v, 64)
 
-    @numba.njit(parallel=True)
-    def gemms_only(nh, nchunks, c, d, dv):
-        for _h in numba.prange(nh):
-            qc = np.ones((c, d), np.float32)
-            kc = np.ones((c, d), np.float32)
-            vc = np.ones((c, dv), np.float32)
-            sc = np.ones((d, dv), np.float32)
-            num = np.empty((c, dv), np.float32)
-            amat = np.empty((c, c), np.float32)
-            ds = np.empty((d, dv), np.float32)
-            for _c in range(nchunks):
-                np.dot(qc, sc, num)
-                np.dot(qc, kc.T, amat)
-                np.dot(amat, vc, num)
-                np.dot(kc.T, vc, ds)
-        return 0
+    # the contenders compute the same thing (float64 oracle on a prefix)
+    n = 4096
+    q64, k64, v64 = (x[:n].astype(np.float64) for x in (q, k, v))
+    ref, _ = causal_linear_attention(q64, k64, v64, backend="numpy")
+    with torch.inference_mode():
+        outs = {
+            "numba": causal_linear_attention(q[:n], k[:n], v[:n], backend="numba")[0],
+            "tuned": torch_tuned(torch, tq[:n], tk[:n], tv[:n], 64).numpy(),
+            "straightforward": torch_chunked(torch, tq[:n], tk[:n], tv[:n], 64).numpy(),
+        }
+        if previous is not None:
+            outs["previous"] = previous(q[:n], k[:n], v[:n], 64)
+    for name, out in outs.items():
+        np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4, err_msg=name)
 
-    q, k, v = _inputs()
-
-    def gemms():
-        with _single_threaded_blas():
-            gemms_only(H, T // c, c, D_K, D_V)
-
-    best = best_times(
-        {
-            "whole call, elu+1": lambda: causal_linear_attention(q, k, v, backend="numba"),
-            "whole call, identity": lambda: causal_linear_attention(
-                q, k, v, backend="numba", feature_map="identity"
-            ),
-            "the 4 BLAS products per chunk alone": gemms,
-        },
-        rounds=3,
+    with torch.inference_mode():
+        best, roof, roof_line = _with_roof({f"{a} C={c}": fn for (a, c), fn in contenders.items()})
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            best1, roof1, _ = _with_roof(one_thread)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    flops = H * 4 * D * D
+    rate = {key: T / best[f"{key[0]} C={key[1]}"] for key in contenders}
+    names = list(runs)
+    best_of = {a: max(rate[(a, c)] for c in runs[a][0]) for a in names}
+    default = rate[("numba", 64)]
+    lines = [
+        f"H={H}, d_k=d_v={D}, T={T}, float32 inputs, elu+1, float64 state (linstream); "
+        f"{platform.machine()}, {os.cpu_count()} CPUs; one run, contenders interleaved",
+        roof_line,
+        "",
+        "| implementation | " + " | ".join(f"C={c} tokens/s" for c in CHUNKS) + " | best, % of "
+        "matmul rate |",
+        "|---|" + "---:|" * (len(CHUNKS) + 1),
+    ]
+    for a in names:
+        cells = " | ".join(f"{rate[(a, c)]:,.0f}" if (a, c) in rate else "" for c in CHUNKS)
+        lines.append(f"| {a} | {cells} | {100 * best_of[a] * flops / roof:.1f}% |")
+    lines += [
+        "",
+        f"numba default (C=64): {default:,.0f} tokens/s, {100 * default * flops / roof:.1f}% of "
+        f"the matmul rate (target ≥ 30%: {0.3 * roof / flops:,.0f} tokens/s here)",
+    ]
+    if previous is not None:
+        lines.append(
+            f"numba default / previous kernel at its default (C=64): "
+            f"{default / rate[('numba, previous', 64)]:.2f}× (target ≥ 2×)"
+        )
+    for a in names[1:]:
+        lines.append(f"numba best / {a} best: {best_of['numba'] / best_of[a]:.2f}×")
+    lines.append(f"One thread (matmul rate {roof1 / 1e9:.0f} GFLOP/s on one thread), C=64:")
+    for a, t1 in best1.items():
+        lines.append(
+            f"- {a}: {T / t1:,.0f} tokens/s, {100 * T / t1 * flops / roof1:.1f}% of the one-thread "
+            "rate"
+            + (
+                f" (numba is {t1 / best1['numba, 1 thread']:.2f}× faster)"
+                if "previous" in a
+                else ""
+            )
+        )
+    table = "\n".join(lines)
+    print("\n" + table)
+    line_plot(
+        IMG_DIR / "kernel-chunks.png",
+        f"Causal linear attention, H={H}, d={D}, T={T}, float32 (one run, interleaved)",
+        {a: (runs[a][0], [rate[(a, c)] for c in runs[a][0]]) for a in names},
+        xlabel="chunk size C (tokens)",
+        ylabel="tokens/s",
+        hlines={"30% of the float32 matmul rate": 0.3 * roof / flops},
+        note=f"{platform.machine()}, {os.cpu_count()} CPUs; roof {roof / 1e9:.0f} GFLOP/s",
     )
-    total = best["whole call, elu+1"]
-    phi = total - best["whole call, identity"]
-    blas = best["the 4 BLAS products per chunk alone"]
-    rest = total - phi - blas
+    RESULTS.write_text(f"# Ops benchmark\n\nCommand: `{COMMAND}`\n\n{table}\n")
+
+
+@pytest.mark.bench
+def test_bench_kernel_head_widths():
+    """numba default (C=64) at d ∈ {16, 32, 64, 128} and d_k ≠ d_v, beside PyTorch tuned."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(2)
+    previous = _previous_kernel()
+    contenders, work = {}, {}
+    for dk, dv in WIDTHS:
+        t = int(min(65536, max(4096, T // 4 * D * D // (dk * dv))))
+        q, k, v = _inputs(t, dk, dv, seed=dk + dv)
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        w = f"{dk}x{dv}"
+        work[w] = (t, H * 4 * dk * dv)
+        contenders[f"numba {w}"] = lambda q=q, k=k, v=v: causal_linear_attention(
+            q, k, v, backend="numba"
+        )
+        if previous is not None:
+            contenders[f"numba, previous {w}"] = lambda q=q, k=k, v=v: previous(q, k, v, 64)
+        contenders[f"PyTorch tuned {w}"] = lambda tq=tq, tk=tk, tv=tv: torch_tuned(
+            torch, tq, tk, tv, 128
+        )
+    with torch.inference_mode():
+        best, roof, roof_line = _with_roof(contenders)
+    names = ["numba"] + (["numba, previous"] if previous is not None else []) + ["PyTorch tuned"]
     lines = [
         "",
-        f"## Where the numba time goes (C={c}, best of 3, same run)",
+        f"## Head widths (H={H}, float32, elu+1; numba at C=64, PyTorch tuned at C=128)",
+        roof_line,
         "",
-        "| part | ms | share |",
-        "|---|---:|---:|",
-        f"| 4 BLAS products per chunk (Q̃S, Q̃K̃ᵀ, AV, K̃ᵀV) | {1e3 * blas:.0f} | "
-        f"{100 * blas / total:.0f}% |",
-        f"| feature map elu+1 (vs identity) | {1e3 * phi:.0f} | {100 * phi / total:.0f}% |",
-        f"| rest (gathers, denominators, state update, output) | {1e3 * rest:.0f} | "
-        f"{100 * rest / total:.0f}% |",
-        f"| total | {1e3 * total:.0f} | 100% |",
-        f"BLAS alone: {T / blas:,.0f} tokens/s (the ceiling of this kernel design)",
+        "| d_k×d_v | T | " + " | ".join(f"{n} tokens/s (% of rate)" for n in names) + " |",
+        "|---|---:|" + "---:|" * len(names),
     ]
+    pct = {n: [] for n in names}
+    for w, (t, flops) in work.items():
+        cells = []
+        for n in names:
+            r = t / best[f"{n} {w}"]
+            pct[n].append(100 * r * flops / roof)
+            cells.append(f"{r:,.0f} ({pct[n][-1]:.1f}%)")
+        lines.append(f"| {w} | {t} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)
+    bar_plot(
+        IMG_DIR / "kernel-widths.png",
+        f"Share of the float32 matmul rate by head width (H={H}, one run)",
+        list(work),
+        pct,
+        ylabel="% of matmul rate (4·d_k·d_v FLOPs per head-token)",
+        hlines={"30%": 30.0},
+        note=f"{platform.machine()}, {os.cpu_count()} CPUs; roof {roof / 1e9:.0f} GFLOP/s",
+    )
     if RESULTS.exists():
         RESULTS.write_text(RESULTS.read_text() + text + "\n")
