@@ -175,7 +175,7 @@ def projection_conditioning_bound(rt64, x, ref):
         return out
 
     def moving(target, sign):
-        def forward(xp, w, x_in, states, *, config, attend):
+        def forward(xp, w, x_in, states, *, config, attend, activate=None):
             layers = iter(range(config.n_layers))
 
             def att(q, k, v, s):
@@ -188,7 +188,7 @@ def projection_conditioning_bound(rt64, x, ref):
                     (q if which == 0 else k)[:, h, f] += sign * e
                 return attend(q, k, v, s)
 
-            return real_forward(xp, w, x_in, states, config=config, attend=att)
+            return real_forward(xp, w, x_in, states, config=config, attend=att, activate=activate)
 
         return forward
 
