@@ -267,12 +267,21 @@ def check_embed_args(args: Any, beam_args: list[str]) -> None:
 
 
 def numba_cache_is_cold() -> bool:
-    """Whether the Numba kernels will compile on first use (no on-disk cache for them yet)."""
-    from linstream.ops import numba_backend
+    """Whether the Numba kernels will compile on first use: no cache index file of the kernel
+    module yet, beside it (``__pycache__``) or under ``NUMBA_CACHE_DIR``."""
+    import glob
+    import importlib.util
 
-    cache = getattr(numba_backend._causal_chunked, "_cache", None)
-    index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
-    return bool(index) and not os.path.exists(str(index))
+    spec = importlib.util.find_spec("linstream.ops.numba_backend")
+    if spec is None or not spec.origin:
+        return False
+    folders = [
+        os.environ.get("NUMBA_CACHE_DIR")
+        or os.path.join(os.path.dirname(spec.origin), "__pycache__")
+    ]
+    return not any(
+        glob.glob(os.path.join(f, "**", "numba_backend*.nbi"), recursive=True) for f in folders
+    )
 
 
 def _announce_compile(args: Any, log: Any) -> None:
