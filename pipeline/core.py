@@ -1,11 +1,12 @@
 """The stateful stage shared by every transform: order chunks, carry the state, checkpoint it.
 
 Per sequence id (the key) Beam holds:
-  * `state`   — the SequenceState's working copy (state/compact.py: rewritten after every
-    chunk, so not the Arrow checkpoint codec; read-modify-write, explicit bytes coder);
-  * `meta`    — a few integers (ordering.Meta): final chunk, last commit (number, chunk,
-    position), buffered count, flags (evicted to the store, seen, fenced), the idle timer;
-  * `digests` — content digests of the newest applied chunks (ordering.DigestWindow);
+  * `seq`     — one read-modify-write cell (explicit bytes coder) with three parts: a few
+    integers (ordering.Meta: final chunk, last commit's number, chunk and position, buffered
+    count, flags for evicted / seen / fenced, the idle timer), the content digests of the
+    newest applied chunks (ordering.DigestWindow), and the SequenceState's working copy
+    (state/compact.py, not the Arrow checkpoint codec).  One cell, written once per element:
+    the runner's state cache sizes every value it holds, per cell;
   * `bufidx`  — numbers and digests of the chunks waiting in `buffer` (ordering.BufferIndex);
   * `buffer`  — chunks that arrived before their predecessors (bag; read only to drain);
   * `outbuf`  — results since the last commit, when the commits write the outputs (bag);
@@ -21,6 +22,7 @@ uncommitted and clears the Beam state; the sequence is restored from the store w
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,9 +71,7 @@ _log = logging.getLogger(__name__)
 class SequenceDoFn(beam.DoFn):
     """Stateful DoFn over (seq_id, Chunk): emits ChunkResult, and DeadLetter on `dead_letters`."""
 
-    STATE = ReadModifyWriteStateSpec("state", BytesCoder())
-    META = ReadModifyWriteStateSpec("meta", BytesCoder())
-    DIGESTS = ReadModifyWriteStateSpec("digests", BytesCoder())
+    SEQ = ReadModifyWriteStateSpec("seq", BytesCoder())
     BUFIDX = ReadModifyWriteStateSpec("bufidx", BytesCoder())
     BUFFER = BagStateSpec("buffer", ChunkCoder())
     OUTBUF = BagStateSpec("outbuf", ChunkResultCoder())
@@ -215,7 +215,7 @@ class SequenceDoFn(beam.DoFn):
         meta.committed_next = st.next_chunk
         meta.committed_position = st.position
         meta.final_index = head.history.final_chunk
-        cells.digests.write(head.history.digests)
+        cells.window = DigestWindow(head.history.digests)
         if head.history.output_sum:
             cells.outsum.write(head.history.output_sum)
         self.m.restores.inc()
@@ -305,9 +305,7 @@ class SequenceDoFn(beam.DoFn):
         self,
         element: tuple[str, Chunk],
         ts: Any = beam.DoFn.TimestampParam,
-        state: Any = beam.DoFn.StateParam(STATE),  # noqa: B008
-        meta_state: Any = beam.DoFn.StateParam(META),  # noqa: B008
-        digests: Any = beam.DoFn.StateParam(DIGESTS),  # noqa: B008
+        seq: Any = beam.DoFn.StateParam(SEQ),  # noqa: B008
         bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
@@ -332,14 +330,14 @@ class SequenceDoFn(beam.DoFn):
         digest = chunk_digest(data, chunk.final)
 
         # 2. Where the sequence stands.
-        meta = Meta(meta_state.read())
-        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
+        cells = _Cells(seq, bufidx, buffer, outbuf, outsum)
+        meta = cells.meta
         if meta.fenced:
             yield self._dead(
                 seq_id, idx, "fenced", "another job advanced this sequence; this job stopped it"
             )
             return
-        raw = state.read()
+        raw = cells.state_raw
         st: SequenceState | None
         try:
             if raw is not None:
@@ -347,7 +345,7 @@ class SequenceDoFn(beam.DoFn):
             elif self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
                 st = self._restore(seq_id, data, meta, cells)
                 if st is not None:
-                    state.write(pack_state(st))  # restore once per return of the sequence
+                    cells.set_state(st)  # restore once per return of the sequence
             else:
                 st = None
         except CheckpointError as ex:
@@ -359,7 +357,7 @@ class SequenceDoFn(beam.DoFn):
         meta.seen, meta.evicted = True, False
         yield from self._order(seq_id, idx, chunk.final, data, digest, st, meta, cells)
         self._set_timer(idle, meta, ts)
-        meta_state.write(meta.pack())
+        cells.flush()
 
     def _order(
         self,
@@ -490,8 +488,7 @@ class SequenceDoFn(beam.DoFn):
             meta.n_buffered = len(index)
             cells.save_index()
         if changed and st is not None:
-            cells.state.write(pack_state(st))
-        cells.save_window()
+            cells.set_state(st)
 
     def _emitted(
         self, result: ChunkResult, st: SequenceState, final: bool, cells: _Cells
@@ -547,18 +544,16 @@ class SequenceDoFn(beam.DoFn):
     def on_idle(
         self,
         key: Any = beam.DoFn.KeyParam,
-        state: Any = beam.DoFn.StateParam(STATE),  # noqa: B008
-        meta_state: Any = beam.DoFn.StateParam(META),  # noqa: B008
-        digests: Any = beam.DoFn.StateParam(DIGESTS),  # noqa: B008
+        seq: Any = beam.DoFn.StateParam(SEQ),  # noqa: B008
         bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
         outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id = str(key)
-        meta = Meta(meta_state.read())
-        cells = _Cells(state, digests, bufidx, buffer, outbuf, outsum, meta)
-        raw = state.read()
+        cells = _Cells(seq, bufidx, buffer, outbuf, outsum)
+        meta = cells.meta
+        raw = cells.state_raw
         st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
         next_chunk = 0 if st is None else st.next_chunk
         if len(cells.index):
@@ -577,39 +572,30 @@ class SequenceDoFn(beam.DoFn):
             for item in self._commit(seq_id, st, meta, cells):
                 if not isinstance(item, SequenceState):
                     yield item
-            state.clear()
-            digests.clear()
+            cells.set_state(None)
+            cells.window = DigestWindow(None)
             outbuf.clear()
             outsum.clear()
             meta.evicted = not meta.fenced
             self.m.evictions.inc()
         meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
-        meta_state.write(meta.pack())
+        cells.flush()
 
 
 class _Cells:
-    """A key's state cells, with the small ones decoded once per element."""
+    """A key's state cells; the `seq` cell is decoded once per element and written once."""
 
-    def __init__(
-        self,
-        state: Any,
-        digests: Any,
-        bufidx: Any,
-        buffer: Any,
-        outbuf: Any,
-        outsum: Any,
-        meta: Meta,
-    ) -> None:
-        self.state, self.digests, self.bufidx = state, digests, bufidx
-        self.buffer, self.outbuf, self.outsum, self.meta = buffer, outbuf, outsum, meta
-        self._window: DigestWindow | None = None
+    def __init__(self, seq: Any, bufidx: Any, buffer: Any, outbuf: Any, outsum: Any) -> None:
+        self.seq, self.bufidx = seq, bufidx
+        self.buffer, self.outbuf, self.outsum = buffer, outbuf, outsum
+        self.meta, self.window, self.state_raw = _unpack_seq(seq.read())
         self._index: BufferIndex | None = None
 
-    @property
-    def window(self) -> DigestWindow:
-        if self._window is None:
-            self._window = DigestWindow(self.digests.read())
-        return self._window
+    def set_state(self, st: SequenceState | None) -> None:
+        self.state_raw = None if st is None else pack_state(st)
+
+    def flush(self) -> None:
+        self.seq.write(_pack_seq(self.meta, self.window, self.state_raw))
 
     @property
     def index(self) -> BufferIndex:
@@ -618,16 +604,33 @@ class _Cells:
             self._index = BufferIndex(self.bufidx.read() if self.meta.n_buffered else None)
         return self._index
 
-    def save_window(self) -> None:
-        if self._window is not None:
-            self.digests.write(self._window.data)
-
     def save_index(self) -> None:
         if self._index is not None:
             if len(self._index):
                 self.bufidx.write(self._index.pack())
             else:
                 self.bufidx.clear()
+
+
+_SEQ_HEAD = struct.Struct("<II")  # bytes of the meta record, bytes of the digests
+
+
+def _pack_seq(meta: Meta, window: DigestWindow, state_raw: bytes | None) -> bytes:
+    head = meta.pack()
+    return b"".join(
+        (_SEQ_HEAD.pack(len(head), len(window.data)), head, window.data, state_raw or b"")
+    )
+
+
+def _unpack_seq(raw: bytes | None) -> tuple[Meta, DigestWindow, bytes | None]:
+    if not raw:
+        return Meta(None), DigestWindow(None), None
+    n_meta, n_dig = _SEQ_HEAD.unpack_from(raw)
+    off = _SEQ_HEAD.size
+    meta = Meta(raw[off : off + n_meta])
+    window = DigestWindow(raw[off + n_meta : off + n_meta + n_dig])
+    rest = raw[off + n_meta + n_dig :]
+    return meta, window, (bytes(rest) if rest else None)
 
 
 def _nbytes(data: Any) -> int:

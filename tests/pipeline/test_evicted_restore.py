@@ -55,12 +55,11 @@ class _Key:
             RawAttentionStep(backend="numpy"), checkpoint_dir=checkpoint_dir, checkpoint_every=4
         )
         self.fn.setup()
-        self.state, self.meta, self.digests, self.bufidx = _Cell(), _Cell(), _Cell(), _Cell()
-        self.buffer, self.outbuf, self.outsum, self.timer = _Bag(), _Bag(), _Cell(), _Timer()
+        self.seq, self.bufidx, self.outsum = _Cell(), _Cell(), _Cell()
+        self.buffer, self.outbuf, self.timer = _Bag(), _Bag(), _Timer()
 
     def _cells(self) -> tuple:
-        cells = (self.state, self.meta, self.digests, self.bufidx, self.buffer, self.outbuf)
-        return (*cells, self.outsum)
+        return (self.seq, self.bufidx, self.buffer, self.outbuf, self.outsum)
 
     def send(self, index: int, data: dict) -> list:
         element = ("s", Chunk("s", index, data))
