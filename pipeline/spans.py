@@ -165,12 +165,9 @@ class SpanWriter:
 
 def _storage_of(url: str) -> tuple[Any, str]:
     """(storage, path) for a file URL recorded in a manifest (local path or fsspec URL)."""
-    if "://" in url and not url.startswith("file://"):
-        remote = FsspecStorage(url.rpartition("/")[0])
-        return remote, remote.join(url.rpartition("/")[2])
-    path = url[len("file://") :] if url.startswith("file://") else url
-    local = LocalStorage(os.path.dirname(path))
-    return local, local.join(os.path.basename(path))
+    folder, _, name = url.rpartition("/")
+    storage = open_storage(folder)
+    return storage, storage.join(name)
 
 
 def _has_bytes(fs: Any, path: str, span: OutputSpan) -> bool:
