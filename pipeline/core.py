@@ -349,7 +349,7 @@ class SequenceDoFn(beam.DoFn):
             else:
                 st = None
         except CheckpointError as ex:
-            yield self._dead(seq_id, idx, "restore_failed", str(ex))
+            yield self._dead(seq_id, idx, "restore_failed", self.step.restore_message(ex))
             return
         except (ValueError, TypeError) as ex:  # the payload has no valid state shape
             yield self._dead(seq_id, idx, "bad_shape", f"{type(ex).__name__}: {ex}")

@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 from apache_beam.utils import shared
 from linstream.ops import AttentionState, causal_linear_attention, get_feature_map
+from linstream.state import CheckpointError, ModelMismatchError
 
 from .elements import Unencodable
+from .rule_spec import EXPECTED_VALUES, RuleSpec, fingerprint_rule, rule_label
 
 __all__ = ["BadInput", "ChunkStep", "EmbedStep", "RawAttentionStep"]
 
@@ -67,6 +69,10 @@ class ChunkStep:
         """(per-token outputs, the states after the chunk)."""
         raise NotImplementedError
 
+    def restore_message(self, ex: CheckpointError) -> str:
+        """The dead-letter message of a checkpoint that could not be restored."""
+        return str(ex)
+
 
 def _check_numeric(name: str, arr: Any, kinds: str, what: str) -> np.ndarray:
     if isinstance(arr, Unencodable):
@@ -100,10 +106,14 @@ def _digest(obj: Any, arrays: Mapping[str, np.ndarray] | None = None) -> str:
 
 
 class RawAttentionStep(ChunkStep):
-    """Causal linear attention over payloads {"q": [T, H, d_k], "k": [T, H, d_k], "v": [T, H, d_v]}.
+    """Causal linear attention over payloads {"q": [T, H, d_k], "k": [T, H, d_k], "v": [T, H, d_v]}
+    plus the rule's per-token inputs: "log_alpha" [T, H] (gated, gated_delta) and "beta" [T, H]
+    (delta, gated_delta).
 
     The state has one layer: S [1, H, F, d_v], z [1, H, F].  A sequence's first chunk fixes H,
-    d_k and d_v; later chunks with other shapes are dead-lettered (`bad_shape`).
+    d_k and d_v; later chunks with other shapes are dead-lettered (`bad_shape`).  The rule and
+    its fixed parameters (gamma, normalize) are part of the fingerprint; the additive rule's
+    fingerprint is the one it had before rules existed.
     """
 
     def __init__(
@@ -112,22 +122,48 @@ class RawAttentionStep(ChunkStep):
         eps: float = 1e-6,
         backend: str = "auto",
         state_dtype: Any = np.float64,
+        *,
+        rule: str = "additive",
+        gamma: Any = None,
+        normalize: bool = True,
     ) -> None:
         self.feature_map = get_feature_map(feature_map)
         self.eps = float(eps)
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
-        self.fingerprint = _digest(
-            {"kind": "raw-attention", "feature_map": self.feature_map.config(), "eps": self.eps}
-        )
+        self.rule = RuleSpec(rule, gamma, normalize, backend)
+        base = {"kind": "raw-attention", "feature_map": self.feature_map.config(), "eps": self.eps}
+        self._additive_fingerprint = _digest(base)
+        config = self.rule.config()
+        if config is None:
+            self.fingerprint = self._additive_fingerprint
+        else:
+            record = json.dumps(config, sort_keys=True, separators=(",", ":"))
+            self.fingerprint = f"{_digest({**base, 'rule': config})} {record}"
+        self._keys = ("q", "k", "v", *self.rule.inputs)
 
     def setup(self) -> None:
         if self.backend in ("auto", "numba"):
             # Compile (or load from Numba's cache) before the first real chunk.
-            x = np.zeros((2, 1, 2), dtype=np.float32)
+            h = self.rule.heads() or 1
+            x = np.zeros((2, h, 2), dtype=np.float32)
+            per_token = {"log_alpha": np.zeros((2, h)), "beta": np.ones((2, h))}
             causal_linear_attention(
-                x, x, x, feature_map=self.feature_map, eps=self.eps, backend=self.backend
+                x,
+                x,
+                x,
+                feature_map=self.feature_map,
+                eps=self.eps,
+                backend=self.backend,
+                **self.rule.kwargs(per_token),
             )
+
+    def _keys_message(self, missing: list[str], extra: list[str]) -> str:
+        msg = f"expected keys {json.dumps(sorted(self._keys))}, missing {missing}, unexpected {extra}"
+        if self.rule.rule != "additive" or any(n in extra for n in EXPECTED_VALUES):
+            inputs = " and ".join(f'"{n}" [T, H]' for n in self.rule.inputs) or "none"
+            msg += f" (per-token inputs of {self.rule.label()}: {inputs})"
+        return msg
 
     def validate(self, data: Any) -> dict[str, np.ndarray]:
         if isinstance(data, Unencodable) or not isinstance(data, Mapping):
@@ -135,13 +171,10 @@ class RawAttentionStep(ChunkStep):
                 BAD_PAYLOAD,
                 f'expected a mapping {{"q", "k", "v"}} of [T, H, d] arrays, got {_short(data)}',
             )
-        missing = sorted({"q", "k", "v"} - set(data))
-        extra = sorted(set(data) - {"q", "k", "v"})
+        missing = sorted(set(self._keys) - set(data))
+        extra = sorted(set(data) - set(self._keys))
         if missing or extra:
-            raise BadInput(
-                BAD_PAYLOAD,
-                f'expected keys ["k", "q", "v"], missing {missing}, unexpected {extra}',
-            )
+            raise BadInput(BAD_PAYLOAD, self._keys_message(missing, extra))
         out = {n: _check_numeric(n, data[n], "f", "a float32 or float64 array") for n in "qkv"}
         for name, arr in out.items():
             if arr.ndim != 3:
@@ -159,6 +192,16 @@ class RawAttentionStep(ChunkStep):
             )
         for name, arr in out.items():
             _check_finite(name, arr)
+        t, h = q.shape[:2]
+        heads = self.rule.heads()
+        if heads is not None and h != heads:
+            raise BadInput(
+                BAD_SHAPE,
+                f"expected H = {heads} heads (gamma of {self.rule.label()} has one per head), "
+                f"got q {list(q.shape)}",
+            )
+        for name in self.rule.inputs:
+            out[name] = _check_per_token(name, data[name], t, h)
         return out
 
     def state_shape(self, data: Any) -> tuple[int, int, int, int]:
@@ -186,8 +229,51 @@ class RawAttentionStep(ChunkStep):
             feature_map=self.feature_map,
             eps=self.eps,
             backend=self.backend,
+            **self.rule.kwargs(data),
         )
         return out, [new]
+
+    def _describe(self, fingerprint: str) -> str:
+        if fingerprint == self._additive_fingerprint:
+            return rule_label(None)
+        config = fingerprint_rule(fingerprint)
+        if config is None:
+            return f"another feature map, eps or model (fingerprint {fingerprint[:16]}…)"
+        if config == self.rule.config():
+            return f"{rule_label(config)} with another feature map or eps"
+        return rule_label(config)
+
+    def restore_message(self, ex: CheckpointError) -> str:
+        found = getattr(ex, "found", None)
+        if not isinstance(ex, ModelMismatchError) or not found:
+            return str(ex)
+        return (
+            f"{ex}; the checkpoint was written under {self._describe(found)}, this job runs "
+            f"{self.rule.label()}: a sequence continues under the rule and parameters it started "
+            "with (resume with those, or use a fresh checkpoint folder)"
+        )
+
+
+def _check_per_token(name: str, value: Any, t: int, h: int) -> np.ndarray:
+    """A rule's per-token input: a real [T, H] array, finite, in its range."""
+    arr = _check_numeric(name, value, "fiu", f"a real array [T, H] = [{t}, {h}]")
+    if arr.shape != (t, h):
+        raise BadInput(
+            BAD_SHAPE,
+            f"{name}: expected [T, H] = [{t}, {h}] (one per token and head of q), got shape "
+            f"{list(arr.shape)}",
+        )
+    _check_finite(name, arr)
+    ok = arr <= 0 if name == "log_alpha" else (arr > 0) & (arr <= 1)
+    if not ok.all():
+        bad = np.argwhere(~ok)
+        tok, head = (int(i) for i in bad[0])
+        raise BadInput(
+            INVALID_INPUT,
+            f"{name}: expected {EXPECTED_VALUES[name]}, got {arr[tok, head].item()!r} at token "
+            f"{tok}, head {head} ({len(bad)} value(s) out of range)",
+        )
+    return arr
 
 
 #: One `Shared` handle per model (fingerprint and compute dtype) in this process: every DoFn

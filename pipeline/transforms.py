@@ -80,6 +80,15 @@ class CausalLinearAttention(_SequenceTransform):
     come in any order and more than once.  Emits one `ChunkResult` per applied chunk with
     output [T, H, d_v] (or [H, d_v] with emit="mean"|"last").
 
+    rule: the state's update rule (docs/rules.md): "additive" (default), "decay" (gamma: a
+        number or one per head, in (0, 1)), "gated", "delta" or "gated_delta".  The per-token
+        inputs come in each chunk's data beside q/k/v: "log_alpha" [T, H] (log gates <= 0) for
+        gated and gated_delta, "beta" [T, H] (in (0, 1]) for delta and gated_delta.  A chunk
+        whose inputs are missing, misshaped, out of range or not finite (or that carries one
+        the rule does not use) is dead-lettered.  The rule, gamma and normalize are part of
+        the checkpoint fingerprint: a resume under other ones is refused (`restore_failed`).
+    normalize: False drops the normalizer of "decay" and "gated" (refused for other rules).
+
     checkpoint_dir: a CheckpointStore root (local path or any fsspec/Beam URL) or None.
     checkpoint_every: commit after this many applied chunks (and always at the final chunk).
     resume: restore each sequence from the store the first time it is seen.
@@ -116,9 +125,20 @@ class CausalLinearAttention(_SequenceTransform):
         output_dir: str | None = None,
         max_chunk_tokens: int = 1 << 20,
         total_tokens: int | None = None,
+        rule: str = "additive",
+        gamma: Any = None,
+        normalize: bool = True,
     ) -> None:
         super().__init__(
-            RawAttentionStep(feature_map, eps, backend, state_dtype),
+            RawAttentionStep(
+                feature_map,
+                eps,
+                backend,
+                state_dtype,
+                rule=rule,
+                gamma=gamma,
+                normalize=normalize,
+            ),
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
             checkpoint_keep=checkpoint_keep,

@@ -467,7 +467,7 @@ def decode_with_header(
             f"state of another model: expected fingerprint {expected_fingerprint[:16]}…, "
             f"received {header.fingerprint[:16]}…"
         )
-        raise ModelMismatchError(msg)
+        raise ModelMismatchError(msg, expected=expected_fingerprint, found=header.fingerprint)
     for what, want, got in (
         ("sequence id", expected_seq_id, seq_id),
         ("position", expected_position, position),

@@ -51,7 +51,15 @@ class UnsupportedFormatVersionError(CheckpointError):
 
 
 class ModelMismatchError(CheckpointError):
-    """The state belongs to another model (its fingerprint differs from the expected one)."""
+    """The state belongs to another model (its fingerprint differs from the expected one).
+    ``expected`` and ``found`` are the two fingerprints, whole."""
+
+    def __init__(
+        self, message: str, *, expected: str = "", found: str = "", path: str | None = None
+    ) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(message, path=path)
 
 
 class DivergentStateError(CheckpointError):
