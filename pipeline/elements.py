@@ -300,12 +300,15 @@ def _as_plain_array(data: Any) -> np.ndarray | None:
 
 
 def _describe_unencodable(data: Any) -> str:
+    """One line (it ends up in a dead letter's message)."""
+    if isinstance(data, np.ndarray):
+        return f"array of shape {list(data.shape)} and dtype {data.dtype}"
     try:
         arr = np.asarray(data, dtype=object)
         shape = f" of shape {list(arr.shape)}"
     except (ValueError, TypeError):
         shape = ""
-    text = repr(data)
+    text = " ".join(repr(data).split())
     if len(text) > 120:
         text = text[:117] + "..."
     return f"{type(data).__name__}{shape}: {text}"

@@ -59,7 +59,7 @@ class RuleSpec:
             )
             raise ValueError(msg)
         if gamma is not None and rule != "decay":
-            msg = f"{where}: gamma is an argument of rule 'decay', not of rule {rule!r}; got {gamma!r}"
+            msg = f"{where}: gamma is an argument of rule 'decay', not of rule {rule!r}"
             raise ValueError(msg)
         self.gamma: float | tuple[float, ...] | None = None
         if rule == "decay":
@@ -111,7 +111,7 @@ class RuleSpec:
 
 
 def rule_label(config: Any) -> str:
-    """"rule 'decay' (gamma 0.9, normalize True)" from a fingerprint's rule record."""
+    """ "rule 'decay' (gamma 0.9, normalize True)" from a fingerprint's rule record."""
     if not config:
         return "rule 'additive'"
     parts = []

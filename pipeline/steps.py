@@ -159,7 +159,9 @@ class RawAttentionStep(ChunkStep):
             )
 
     def _keys_message(self, missing: list[str], extra: list[str]) -> str:
-        msg = f"expected keys {json.dumps(sorted(self._keys))}, missing {missing}, unexpected {extra}"
+        msg = (
+            f"expected keys {json.dumps(sorted(self._keys))}, missing {missing}, unexpected {extra}"
+        )
         if self.rule.rule != "additive" or any(n in extra for n in EXPECTED_VALUES):
             inputs = " and ".join(f'"{n}" [T, H]' for n in self.rule.inputs) or "none"
             msg += f" (per-token inputs of {self.rule.label()}: {inputs})"
