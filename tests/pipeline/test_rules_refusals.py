@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _beam_helpers import run_transform
-from linstream.ops.reference import rule_recurrent
+from _rule_helpers import reference
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.steps import BadInput, RawAttentionStep
 from linstream.state import CheckpointStore
@@ -208,25 +208,29 @@ def test_bad_chunks_go_to_the_dead_letters_and_the_sequence_goes_on(rule, tmp_pa
         chunks += [Chunk(sid, i, p, final=i == 2) for i, p in enumerate(parts)]
         if case != "clean":
             chunks.append(Chunk(sid, 1, cases[case][1]))
+    # a resent chunk whose gate or β differs from the applied one is a conflicting duplicate
+    first = _payload(rule, seed=seed)
+    name = "log_alpha" if rule == "gated" else "beta"
+    chunks += [Chunk("resent", 0, first), Chunk("resent", 0, {**first, name: first[name] / 2})]
     chunks = [chunks[int(i)] for i in rng.permutation(len(chunks))]
     run = run_transform(chunks, CausalLinearAttention(rule=rule), tmp_path)
-    dead = {d.seq_id: d for d in run.dead}
-    assert len(run.dead) == len(cases) and set(dead) == {f"seq-{n}" for n in range(len(cases))}
+    conflicts = [d for d in run.dead if d.seq_id == "resent"]
+    assert [(d.chunk_index, d.reason) for d in conflicts] == [(0, "conflicting_duplicate")]
+    assert [r.seq_id for r in run.results].count("resent") == 1
+    dead = {d.seq_id: d for d in run.dead if d.seq_id != "resent"}
+    assert len(dead) == len(run.dead) - 1 == len(cases)
+    assert set(dead) == {f"seq-{n}" for n in range(len(cases))}
     for n, case in enumerate(cases):
         d = dead[f"seq-{n}"]
         assert (d.chunk_index, d.reason) == (1, cases[case][2]), (case, d)
         assert d.message.startswith(f"sequence 'seq-{n}', chunk 1: "), d.message
         for w in cases[case][3]:
             assert w in d.message
-    for sid, parts in good.items():
+    for sid, parts in good.items():  # "resent" is not among them
         data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        kw = {k: data[k] for k in ("log_alpha", "beta") if k in data}
-        q, k, v = (data[n].astype(np.float64) for n in "qkv")
-        ref, _ = rule_recurrent(q, k, v, rule=rule, **kw)
+        ref, tol = reference(rule, {}, data, len(parts))
         got = np.concatenate([r.output for r in run.results if r.seq_id == sid])
-        assert got.shape == ref.shape
-        # 16 tokens, float32 chunk math: a few float32 ulps of outputs of size ~1
-        assert np.max(np.abs(got - ref)) <= 1e-5 * max(1.0, float(np.max(np.abs(ref))))
+        assert got.shape == ref.shape and np.max(np.abs(got - ref)) <= tol
 
 
 RESUMES = {
