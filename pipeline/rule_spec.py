@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from linstream.ops.rules import DECAYING_RULES, RULES, check_rule, check_rule_backend
 
-__all__ = ["PER_TOKEN", "RuleSpec", "fingerprint_rule", "rule_label"]
+__all__ = ["PER_TOKEN", "RuleSpec", "describe_fingerprint", "fingerprint_rule", "rule_label"]
 
 #: The per-token inputs ([T, H]) a chunk carries, per rule.
 PER_TOKEN: dict[str, tuple[str, ...]] = {
@@ -133,3 +133,17 @@ def fingerprint_rule(fingerprint: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return config if isinstance(config, dict) and "rule" in config else None
+
+
+def describe_fingerprint(fingerprint: str, additive: str, own: dict[str, Any] | None) -> str:
+    """What a checkpoint's fingerprint says it was written under, for a refused resume:
+    ``additive`` is the additive fingerprint of this job's feature map and eps, ``own`` this
+    job's rule record."""
+    if fingerprint == additive:
+        return rule_label(None)
+    config = fingerprint_rule(fingerprint)
+    if config is None:
+        return f"another feature map, eps or model (fingerprint {fingerprint[:16]}…)"
+    if config == own:
+        return f"{rule_label(config)} with another feature map or eps"
+    return rule_label(config)

@@ -19,7 +19,7 @@ from linstream.ops import AttentionState, causal_linear_attention, get_feature_m
 from linstream.state import CheckpointError, ModelMismatchError
 
 from .elements import Unencodable
-from .rule_spec import EXPECTED_VALUES, RuleSpec, fingerprint_rule, rule_label
+from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
 
 __all__ = ["BadInput", "ChunkStep", "EmbedStep", "RawAttentionStep"]
 
@@ -235,22 +235,13 @@ class RawAttentionStep(ChunkStep):
         )
         return out, [new]
 
-    def _describe(self, fingerprint: str) -> str:
-        if fingerprint == self._additive_fingerprint:
-            return rule_label(None)
-        config = fingerprint_rule(fingerprint)
-        if config is None:
-            return f"another feature map, eps or model (fingerprint {fingerprint[:16]}…)"
-        if config == self.rule.config():
-            return f"{rule_label(config)} with another feature map or eps"
-        return rule_label(config)
-
     def restore_message(self, ex: CheckpointError) -> str:
         found = getattr(ex, "found", None)
         if not isinstance(ex, ModelMismatchError) or not found:
             return str(ex)
+        theirs = describe_fingerprint(found, self._additive_fingerprint, self.rule.config())
         return (
-            f"{ex}; the checkpoint was written under {self._describe(found)}, this job runs "
+            f"{ex}; the checkpoint was written under {theirs}, this job runs "
             f"{self.rule.label()}: a sequence continues under the rule and parameters it started "
             "with (resume with those, or use a fresh checkpoint folder)"
         )

@@ -280,3 +280,22 @@ def test_a_resume_under_another_rule_is_refused_naming_both(case, tmp_path):
     again = store.restore("old", fingerprint=RawAttentionStep(rule=rule1, **args1).fingerprint)
     assert again is not None and again.next_chunk == 1
     assert again.S.tobytes() == committed.S.tobytes()
+
+
+def test_the_refusal_names_what_the_fingerprints_tell_apart():
+    from linstream.state import CorruptCheckpointError, ModelMismatchError
+
+    step = RawAttentionStep(rule="gated")
+
+    def message(found: str) -> str:
+        ex = ModelMismatchError("state of another model", expected=step.fingerprint, found=found)
+        return step.restore_message(ex.at("ckpt/s/1.arrow"))
+
+    other_eps = RawAttentionStep(rule="gated", eps=0.0).fingerprint
+    assert "written under rule 'gated' (normalize True) with another feature map or eps, this " \
+        "job runs rule 'gated' (normalize True)" in message(other_eps)  # fmt: skip
+    relu = RawAttentionStep(feature_map="relu").fingerprint
+    assert "written under another feature map, eps or model (fingerprint " in message(relu)
+    assert message(relu).startswith("ckpt/s/1.arrow: state of another model; ")
+    corrupt = CorruptCheckpointError("truncated", path="ckpt/s/1.arrow")
+    assert step.restore_message(corrupt) == "ckpt/s/1.arrow: truncated"
