@@ -22,6 +22,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .elements import Chunk, Rejected, Unencodable
+from .special_files import not_a_regular_file, special_file_message
 
 __all__ = [
     "BAD_SEQ_ID",
@@ -231,6 +232,10 @@ class _ReadChunkFile(beam.DoFn):
 
     def process(self, readable: Any) -> Iterator[Chunk]:
         path = readable.metadata.path
+        kind = not_a_regular_file(path)
+        if kind is not None:  # a FIFO would block the open
+            yield _file_rejected(path, special_file_message(kind))
+            return
         rows = 0
         try:
             with readable.open(compression_type=CompressionTypes.UNCOMPRESSED) as fh:
@@ -257,11 +262,12 @@ class ReadChunks(beam.PTransform):
 
     Bad input costs only itself: a malformed row becomes a chunk the stage dead-letters (see
     `table_to_chunks`), a row without a usable seq_id a ``bad_seq_id`` dead letter, and a file
-    that cannot be read (not Parquet, truncated or damaged, or without the chunk columns) one
-    ``unreadable_file`` dead letter naming the file (rows read before a mid-file error are kept)
-    while the other files are read.  These travel as chunks with a `Rejected` payload, which
-    `EmbedSequences` and `CausalLinearAttention` send to their dead-letter output before keying
-    by sequence.  A pattern that matches no file fails at construction, naming the pattern.
+    that cannot be read (not Parquet, truncated or damaged, without the chunk columns, or not a
+    regular file: a FIFO is never opened) one ``unreadable_file`` dead letter naming the file
+    (rows read before a mid-file error are kept) while the other files are read. These travel as
+    chunks with a `Rejected` payload, which `EmbedSequences` and `CausalLinearAttention` send to
+    their dead-letter output before keying by sequence. A pattern that matches no file fails at
+    construction, naming the pattern.
     """
 
     def __init__(self, file_pattern: str) -> None:
