@@ -26,6 +26,7 @@ from apache_beam.metrics import Metrics
 
 from .elements import Chunk, DeadLetter
 from .options import UsageError
+from .special_files import not_a_regular_file, special_file_message
 from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
 
 __all__ = ["DEAD_LETTERS", "ToChunks", "detect_format", "expand_input", "read_input"]
@@ -141,6 +142,11 @@ class _ReadSequences(beam.DoFn):
     def process(self, item: tuple[str, str]) -> Iterator[Any]:
         root, path = item
         Metrics.counter(NAMESPACE, "input_files").inc()
+        kind = not_a_regular_file(path)
+        if kind is not None:  # a FIFO would block the open
+            msg = f"{path}: {special_file_message(kind)}"
+            yield _dead(_relative_id(root, path), "unreadable_file", msg)
+            return
         try:
             if self.fmt == "text":
                 with FileSystems.open(path) as fh:
@@ -268,8 +274,11 @@ def expand_input(spec: str) -> list[tuple[str, str]]:
 
 def detect_format(paths: list[str], id_column: str, text_column: str, tokens_column: str) -> str:
     """`--input-format auto`: Parquet files by their columns, JSON Lines by their first row,
-    anything else as text files."""
-    first = paths[0]
+    anything else as text files.  Only regular files are looked into (a FIFO would block):
+    with none, the input is text (and each file a dead letter)."""
+    first = next((p for p in paths if not_a_regular_file(p) is None), None)
+    if first is None:
+        return "text"
     low = first.lower()
     if low.endswith(".parquet"):
         import pyarrow.parquet as pq
@@ -425,6 +434,8 @@ def input_token_total(args: Any, max_files: int = 1000) -> int | None:
 
     total = 0
     for _, path in files:
+        if not_a_regular_file(path) is not None:  # never opened: the reader dead-letters it
+            continue
         try:
             with FileSystems.open(path) as fh:
                 meta = pq.ParquetFile(fh).metadata

@@ -375,9 +375,20 @@ def _tensor(batch: pa.RecordBatch, name: str, shape: tuple[int, ...], dtype: str
             f"({values.null_count} null)"
         )
         raise _corrupt(msg)
-    arr = values.to_numpy(zero_copy_only=True).reshape(shape)
+    if values.type != _ARROW_TYPES[dtype]:
+        msg = f"column {name}: expected {dtype} values, received {values.type}"
+        raise _corrupt(msg)
+    # A read-only view of the values buffer (pyarrow's to_numpy would import pandas).
     want = _DTYPES[dtype].newbyteorder("<")
-    return arr if arr.dtype == want else arr.view(want)
+    data = values.buffers()[1]
+    start, end = values.offset * want.itemsize, (values.offset + n) * want.itemsize
+    if data is None or data.size < end:
+        size = 0 if data is None else data.size
+        msg = f"column {name}: expected {end} bytes of values, received a buffer of {size}"
+        raise _corrupt(msg)
+    arr = np.frombuffer(data, dtype=want, count=n, offset=start).reshape(shape)
+    arr.setflags(write=False)
+    return arr
 
 
 def _check_bounds(data: Any, header: StateHeader) -> None:
