@@ -28,7 +28,8 @@ from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_mode
 from linstream.ops.attention import causal_linear_attention
 from linstream.ops.backend import cupy_available
 from linstream.ops.cupy_backend import NumpyKernels, scan_causal
-from linstream.ops.model_runtime import _Device, _forward_chunk
+from linstream.ops.model_device import _Device
+from linstream.ops.model_layers import forward_chunk as _forward_chunk
 from linstream.ops.model_weights import init_weights
 
 TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
@@ -245,7 +246,7 @@ def test_forward_chunk_with_numpy_is_the_host_runtime(kind):
     rng = np.random.default_rng(3)
     x = _inputs(rng, m, 21)
     st = m.initial_states()
-    attend = lambda q, k, v, s: causal_linear_attention(  # noqa: E731
+    attend = lambda q, k, v, s, rule: causal_linear_attention(  # noqa: E731
         q, k, v, s, feature_map=m.feature_map, eps=m.config.eps, backend="numpy"
     )
     xin = x if m.config.input_kind == "tokens" else x.astype(np.float32)
