@@ -392,11 +392,11 @@ class EmbeddingModel:
 
     def _resolve_backend(self, backend: str) -> str:
         """The backend name for this model: "auto" keeps a model with rule layers on the host."""
-        name = resolve_backend(backend)
-        if name == "cupy" and self.rule_layers:
-            if backend == "auto":
-                return resolve_backend("numba")
+        if backend == "cupy" and self.rule_layers:
             self._refuse_device()
+        name = resolve_backend(backend)
+        if name == "cupy" and self.rule_layers:  # "auto" (or LINSTREAM_BACKEND=cupy)
+            return resolve_backend("numba", allow_fallback=True)
         return name
 
     def _refuse_device(self) -> None:
