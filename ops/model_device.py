@@ -56,7 +56,9 @@ def exact_eps_attend(
         q64, k64 = q.astype(np.float64), k.astype(np.float64)
         qf, shift = fm.query_and_shift(q64, xp=xp)
         kf = fm(k64, xp=xp)
-    log_f = -shift[..., 0].astype(np.float64) - fm.key_shift(dk)  # [T, H]
+    log_f = xp.full(tuple(q.shape[:2]), -fm.key_shift(dk), dtype=np.float64)  # [T, H]
+    if shift is not None:
+        log_f = log_f - shift[..., 0].astype(np.float64)
     out, new = causal(qf, kf, v, state, feature_map=Identity(), eps=0.0, dtype=qf.dtype)
     y = _restore_eps(out, qf, kf, state.z, float(eps), log_f, xp)
     return y.astype(q.dtype, copy=False), new
