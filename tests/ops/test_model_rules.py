@@ -277,3 +277,29 @@ def test_rule_model_saves_and_loads_with_the_same_outputs(tmp_path):
     x = np.arange(30) % 13
     np.testing.assert_array_equal(back.embed(x, chunk_size=7), ref.embed(x, chunk_size=7))
     assert back.fingerprint == ref.fingerprint
+
+
+def test_readme_model_rules_example_runs_and_equals_one_pass():
+    import re
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
+    block = next(b for b in blocks if "rules=[" in b and "embed_chunk" in b)
+    scope: dict = {}
+    exec(compile(block, str(readme), "exec"), scope)
+    model, tokens = scope["model"], scope["tokens"]
+    assert [model.config.layer_rule(i)["rule"] for i in range(3)] == [
+        "additive",
+        "decay",
+        "gated_delta",
+    ]
+    assert scope["emb"].shape == (1000, 128) and np.isfinite(scope["emb"]).all()
+    m64 = model.with_compute_dtype(np.float64)  # the same loop in float64 equals one pass
+    states = None
+    for s in range(0, 3000, 1000):
+        emb, states = m64.embed_chunk(tokens[s : s + 1000], states)
+    whole, whole_states = m64.embed_chunk(tokens, None)
+    np.testing.assert_allclose(emb, whole[-1000:], rtol=1e-10, atol=1e-10)
+    for a, b in zip(states, whole_states, strict=True):
+        np.testing.assert_allclose(a.S, b.S, rtol=1e-10, atol=1e-10)
