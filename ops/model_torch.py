@@ -14,6 +14,12 @@ blocks of `chunk_size` tokens with the running sums carried between blocks (O(T�
 long training sequences; the same numbers).  `forward(..., states=..., return_states=True)`
 continues from and returns per-layer states (S [B, H, F, d_head], z [B, H, F]), so the twin can
 also run chunk by chunk like the runtime.
+
+A layer whose config rule is not "additive" (`ModelConfig.rules`: decay, gated, delta,
+gated_delta) has its gate (`attn.gate`, log α = logsigmoid(·)/tau) and β (`attn.beta`, sigmoid)
+projections as `nn.Linear` modules and runs through the chunkwise forms of
+`model_torch_rules` (blocks of `RULE_CHUNK` tokens unless `chunk_size` is given), so autograd
+trains every rule; see docs/rules.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ model's script all go through here, so there is one file format.
 File format: a safetensors file whose metadata holds
     "format": "linstream-model", "format_version": "1", "config": ModelConfig.to_json()
 and whose tensors are exactly `weight_specs(config)`: the float32 weights named as the PyTorch
-twin's `state_dict()` names them, plus the feature map's parameters as `feature_map.<name>` (for
-FAVOR+ its random matrix), which must equal what the config's map generates.  A file is
+twin's `state_dict()` names them (a layer whose rule has a gate or β adds its projections,
+`layers.i.attn.gate.*` / `layers.i.attn.beta.*`: [n_heads, d_model] and [n_heads]), plus the
+feature map's parameters as `feature_map.<name>` (for FAVOR+ its random matrix), which must equal
+what the config's map generates.  A file is
 untrusted input: the header is read and checked (names, dtypes, shapes) before any tensor is, and
 every refusal names the tensor and says what was expected.
 """
