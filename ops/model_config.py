@@ -102,10 +102,11 @@ def _layer_rule(i: int, spec: Any, n_heads: int) -> dict[str, Any]:
                 msg = f"{where}: normalize must be true or false, got {value!r}"
                 raise TypeError(msg)
         elif key == "tau":
-            value = _finite_nonneg(f"rules[{i}].tau (layer {i})", value)
-            if value == 0:
-                msg = f"{where}: tau must be a finite number > 0, got {spec.get(key)!r}"
-                raise ValueError(msg)
+            number = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not number or not math.isfinite(float(value)) or float(value) <= 0:
+                msg = f"{where}: tau must be a finite number > 0, got {value!r}"
+                raise (ValueError if number else TypeError)(msg)
+            value = float(value)
         elif key == "gamma":
             value = _gammas(where, retnet_gammas(n_heads) if value is None else value, n_heads)
         out[key] = value

@@ -100,7 +100,16 @@ def test_rule_defaults_are_filled_in_so_equal_configs_fingerprint_the_same():
             r"gamma must lie in \(0, 1\) for every head, got 1.0 for head 1",
         ),
         ([{"rule": "gated", "tau": 0}, "additive"], ValueError, r"tau must be a finite number > 0"),
-        ([{"rule": "gated", "tau": -1}, "additive"], ValueError, r"tau .*finite number >= 0"),
+        (
+            [{"rule": "gated", "tau": -1}, "additive"],
+            ValueError,
+            r"tau must be a finite number > 0, got -1",
+        ),
+        (
+            [{"rule": "gated_delta", "tau": "16"}, "additive"],
+            TypeError,
+            r"layer 0\): tau must be a finite number > 0, got '16'",
+        ),
         (
             [{"rule": "gated", "normalize": 1}, "additive"],
             TypeError,
