@@ -60,6 +60,13 @@ class FeatureMap:
         """JSON-able description from which `get_feature_map` rebuilds this map."""
         return {"name": self.name}
 
+    def state_constants(self, d_in: int) -> dict[str, float]:
+        """Constants, beyond `params`, that shape the carried state for inputs of width d_in
+        and so belong to a fingerprint: FAVOR+'s key shift b where b > 0 (empty otherwise, so
+        a map with b = 0 fingerprints as it did before b was recorded)."""
+        b = self.key_shift(d_in)
+        return {"key_shift": float(b)} if b != 0.0 else {}
+
     def params(self, d_in: int) -> dict[str, np.ndarray]:
         """Arrays that define the map for inputs of width d_in (empty for fixed maps)."""
         return {}

@@ -9,6 +9,21 @@ The model is a stack of pre-norm residual blocks over a d_model-wide stream:
         x = x + down(act(up(n2(x))))                                        d_ff wide
     embeddings = final_norm(x)
 
+Each layer's attention uses one update rule of the carried state (`rules`, default all
+"additive"; see docs/rules.md and `RULE_DEFAULTS`):
+
+    additive      S ← S + φ(k)vᵀ                                   (no parameters)
+    decay         S ← γ_h S + φ(k)vᵀ          gamma: n_heads values in (0, 1) (RetNet's
+                                              1 - 2^(-5-h) by default), normalize
+    gated         S ← α_t S + φ(k)vᵀ          log α_t = logsigmoid(x W_a + b_a) / tau per head
+                                              (weights attn.gate.*), normalize
+    delta         S ← S + β_t k(v - Sᵀk)ᵀ     β_t = sigmoid(x W_b + b_b) per head (attn.beta.*),
+                                              k = φ(k)/‖φ(k)‖
+    gated_delta   S ← α_t(I - β_t kkᵀ)S + β_t kvᵀ      both projections
+
+x is the layer's normalized input n1(x).  A config whose layers are all additive writes the JSON
+it wrote before rules existed (the field is left out), so its fingerprint is unchanged.
+
 There is no positional encoding: causal linear attention carries order in its running sums, and a
 position table would put a bound on an unbounded sequence.  The same JSON is stored in a weights
 file's metadata, so a file describes its own architecture.
@@ -23,7 +38,15 @@ from typing import Any
 
 from .feature_maps import get_feature_map
 
-__all__ = ["ACTIVATIONS", "INPUT_KINDS", "NORMALIZATIONS", "ModelConfig"]
+__all__ = [
+    "ACTIVATIONS",
+    "INPUT_KINDS",
+    "MODEL_RULES",
+    "NORMALIZATIONS",
+    "RULE_DEFAULTS",
+    "ModelConfig",
+    "retnet_gammas",
+]
 
 INPUT_KINDS = ("tokens", "features")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
@@ -33,6 +56,77 @@ ACTIVATIONS = ("gelu_tanh", "relu", "silu")
 # file, and a 10^12-wide layer must fail with a message, not with the machine out of memory.
 _MAX_DIM = 1 << 20
 _MAX_LAYERS = 1024
+# The rules a layer may use (the names of linstream.ops.rules) and the keys each one takes,
+# with their defaults (gamma None: `retnet_gammas(n_heads)`).  GLA divides its log-sigmoid gate
+# by a temperature of 16 so that a fresh layer forgets slowly; that is the default tau here.
+MODEL_RULES = ("additive", "decay", "gated", "delta", "gated_delta")
+RULE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "additive": {},
+    "decay": {"gamma": None, "normalize": True},
+    "gated": {"normalize": True, "tau": 16.0},
+    "delta": {},
+    "gated_delta": {"tau": 16.0},
+}
+
+
+def retnet_gammas(n_heads: int) -> list[float]:
+    """RetNet's per-head decays γ_h = 1 - 2^(-5-h), h = 0..n_heads-1 (time scales 32, 64, ...)."""
+    return [1.0 - 2.0 ** (-5 - h) for h in range(n_heads)]
+
+
+def _layer_rule(i: int, spec: Any, n_heads: int) -> dict[str, Any]:
+    """One layer's rule in canonical form: every key the rule takes, defaults filled in."""
+    where = f"ModelConfig.rules[{i}] (layer {i})"
+    if isinstance(spec, str):
+        spec = {"rule": spec}
+    if not isinstance(spec, dict) or "rule" not in spec:
+        msg = (
+            f"{where} must be a rule name or a dict with a 'rule', e.g. {{'rule': 'decay'}}, "
+            f"got {spec!r}"
+        )
+        raise TypeError(msg)
+    name = spec["rule"]
+    if name not in MODEL_RULES:
+        msg = f"{where}: unknown rule {name!r}; expected one of {list(MODEL_RULES)}"
+        raise ValueError(msg)
+    defaults = RULE_DEFAULTS[name]
+    unknown = sorted(set(spec) - {"rule", *defaults})
+    if unknown:
+        msg = f"{where}: rule {name!r} takes {sorted(defaults)}, got unknown key(s) {unknown}"
+        raise ValueError(msg)
+    out: dict[str, Any] = {"rule": name}
+    for key, default in defaults.items():
+        value = spec.get(key, default)
+        if key == "normalize":
+            if not isinstance(value, bool):
+                msg = f"{where}: normalize must be true or false, got {value!r}"
+                raise TypeError(msg)
+        elif key == "tau":
+            number = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not number or not math.isfinite(float(value)) or float(value) <= 0:
+                msg = f"{where}: tau must be a finite number > 0, got {value!r}"
+                raise (ValueError if number else TypeError)(msg)
+            value = float(value)
+        elif key == "gamma":
+            value = _gammas(where, retnet_gammas(n_heads) if value is None else value, n_heads)
+        out[key] = value
+    return out
+
+
+def _gammas(where: str, value: Any, n_heads: int) -> list[float]:
+    if not isinstance(value, (list, tuple)) or len(value) != n_heads:
+        msg = (
+            f"{where}: gamma must be a list of n_heads = {n_heads} decays in (0, 1), got {value!r}"
+        )
+        raise ValueError(msg)
+    out = []
+    for h, g in enumerate(value):
+        ok = not isinstance(g, bool) and isinstance(g, (int, float))
+        if not ok or not 0.0 < float(g) < 1.0:
+            msg = f"{where}: gamma must lie in (0, 1) for every head, got {g!r} for head {h}"
+            raise ValueError(msg)
+        out.append(float(g))
+    return out
 
 
 def _positive_int(name: str, value: Any, limit: int = _MAX_DIM) -> int:
@@ -63,7 +157,10 @@ class ModelConfig:
     input_kind: "tokens" (then vocab_size is set, input_dim is None) or "features" (then
     input_dim is set, vocab_size is None).  feature_map is a feature-map config dict such as
     {"name": "elu+1"} or {"name": "favor+", "num_features": 64, "seed": 0}; eps is the attention
-    denominator's eps; norm_eps the normalization's.  Use `to_json`/`from_json` to store it.
+    denominator's eps; norm_eps the normalization's.  rules: None (every layer additive) or one
+    entry per layer, a rule name or a dict such as {"rule": "decay", "gamma": [...]} (see the
+    module docstring); stored in canonical form (every key, defaults filled in), and as None
+    when every layer is additive.  Use `to_json`/`from_json` to store it.
     """
 
     input_kind: str = "tokens"
@@ -79,6 +176,7 @@ class ModelConfig:
     normalization: str = "layernorm"
     norm_eps: float = 1e-5
     activation: str = "gelu_tanh"
+    rules: list[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.input_kind not in INPUT_KINDS:
@@ -132,6 +230,28 @@ class ModelConfig:
             )
             raise ValueError(msg)
 
+        object.__setattr__(self, "rules", self._canonical_rules())
+
+    def _canonical_rules(self) -> list[dict[str, Any]] | None:
+        if self.rules is None:
+            return None
+        if not isinstance(self.rules, (list, tuple)):
+            msg = (
+                "ModelConfig.rules must be None or a list with one rule per layer, got "
+                f"{type(self.rules).__name__}"
+            )
+            raise TypeError(msg)
+        if len(self.rules) != self.n_layers:
+            msg = (
+                f"ModelConfig.rules must hold one rule per layer (n_layers = {self.n_layers}), "
+                f"got {len(self.rules)}"
+            )
+            raise ValueError(msg)
+        rules = [_layer_rule(i, r, self.n_heads) for i, r in enumerate(self.rules)]
+        if all(r["rule"] == "additive" for r in rules):
+            return None  # the default, written as before rules existed
+        return rules
+
     def __hash__(self) -> int:
         return hash(self.to_json())
 
@@ -141,6 +261,16 @@ class ModelConfig:
         """Width of the concatenated heads, n_heads · d_head."""
         return self.n_heads * self.d_head
 
+    def layer_rule(self, i: int) -> dict[str, Any]:
+        """Layer i's rule in canonical form, e.g. {"rule": "additive"} or {"rule": "gated",
+        "normalize": True, "tau": 16.0} (a copy)."""
+        if not 0 <= i < self.n_layers:
+            msg = f"layer index must be in [0, {self.n_layers}), got {i}"
+            raise IndexError(msg)
+        if self.rules is None:
+            return {"rule": "additive"}
+        return json.loads(json.dumps(self.rules[i]))
+
     @property
     def feature_dim(self) -> int:
         """F: the feature map's output width for a d_head-wide query or key."""
@@ -148,7 +278,11 @@ class ModelConfig:
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, except `rules` when it is the default (every layer additive)."""
+        out = dataclasses.asdict(self)
+        if out["rules"] is None:
+            del out["rules"]
+        return out
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no spaces (the fingerprint hashes this text)."""

@@ -11,10 +11,11 @@ attention is `causal_linear_attention` with the model's feature map and eps, its
 unless the given states are float32.  `compute_dtype=np.float64` runs everything in float64
 (tests compare that mode with the PyTorch twin to ~1e-12).
 
-One forward for every device: `_forward_chunk` is written against an array namespace `xp`.  On
-the host (backend "numpy" or "numba") it runs with `xp=numpy` and `causal_linear_attention`.
-With backend "cupy" (or "auto" on a machine with a usable CUDA device) it runs with `xp=cupy`:
-the weights are uploaded once per model and device (cached), the chunk's inputs are uploaded,
+One forward for every device: `model_layers.forward_chunk` (the layers, their update rules and
+fused projections) is written against an array namespace `xp`.  On the host (backend "numpy"
+or "numba") it runs with `xp=numpy` and `causal_linear_attention`.  With backend "cupy" (or
+"auto" on a machine with a usable CUDA device) it runs with `xp=cupy`: the weights are uploaded
+once per model and device (cached), the chunk's inputs are uploaded,
 norms, projections (cuBLAS), activations and attention (`cupy_causal` on device arrays, states
 as device arrays) stay on the device across layers, and only the embeddings come back.  States
 follow the caller:
@@ -39,18 +40,28 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import model_layers
 from .attention import causal_linear_attention
 from .attention_state import AttentionState
 from .backend import resolve_backend
 from .feature_maps import get_feature_map
 from .model_config import ModelConfig
+from .model_device import (
+    _cupy_device,
+    _Device,
+    _download_states,
+    _on_cupy,
+    _states_on_device,
+    _upload_states,
+)
+from .model_layers import _activation as _activation  # re-exported (tests/ops/test_numba_kernel.py)
+from .model_layers import _Weights
 from .model_weights import check_tensors, fingerprint, read_model
 
 __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 
 BUILTIN_PREFIX = "builtin:"
 _BUILTIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (uploads)
 # Chunks shorter than this run their matrix products on one BLAS thread: a product of a few
 # dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
@@ -141,284 +152,6 @@ def load_model(
     return EmbeddingModel(config, weights, compute_dtype=compute_dtype, source=label, checked=True)
 
 
-class _Layer:
-    """One block's weights, laid out for x @ W products (transposed once at load).
-
-    Host NumPy arrays as built here; `map` gives the same layer on a device."""
-
-    w_qkv: Any
-    w_o: Any
-    w_up: Any
-    b_up: Any
-    w_down: Any
-    b_down: Any
-    n1: tuple[Any, Any]
-    n2: tuple[Any, Any]
-
-    def __init__(self, w: Mapping[str, np.ndarray], p: str, dt: np.dtype, layernorm: bool) -> None:
-        def t(name: str) -> np.ndarray:
-            return np.ascontiguousarray(w[f"{p}.{name}"].T, dtype=dt)
-
-        def v(name: str) -> np.ndarray | None:
-            key = f"{p}.{name}"
-            return np.asarray(w[key], dtype=dt) if key in w else None
-
-        # q, k and v in one product: [d_model, 3·d_attn].
-        self.w_qkv = np.ascontiguousarray(
-            np.concatenate([t("attn.q.weight"), t("attn.k.weight"), t("attn.v.weight")], axis=1)
-        )
-        self.w_o = t("attn.o.weight")
-        self.w_up = t("ff.up.weight")
-        self.b_up = v("ff.up.bias")
-        self.w_down = t("ff.down.weight")
-        self.b_down = v("ff.down.bias")
-        self.n1 = (v("norm1.weight"), v("norm1.bias") if layernorm else None)
-        self.n2 = (v("norm2.weight"), v("norm2.bias") if layernorm else None)
-
-    def map(self, fn: Callable[[Any], Any]) -> _Layer:
-        """The same layer with every array passed through fn (e.g. copied to a device)."""
-        new = object.__new__(_Layer)
-        new.w_qkv, new.w_o = fn(self.w_qkv), fn(self.w_o)
-        new.w_up, new.b_up = fn(self.w_up), _opt(fn, self.b_up)
-        new.w_down, new.b_down = fn(self.w_down), _opt(fn, self.b_down)
-        new.n1 = (_opt(fn, self.n1[0]), _opt(fn, self.n1[1]))
-        new.n2 = (_opt(fn, self.n2[0]), _opt(fn, self.n2[1]))
-        return new
-
-
-def _opt(fn: Callable[[Any], Any], a: Any) -> Any:
-    return None if a is None else fn(a)
-
-
-class _Weights:
-    """Every array the forward reads, in compute dtype: the model's host NumPy arrays, or one
-    device's copies of them (`map`)."""
-
-    def __init__(
-        self,
-        dtype: np.dtype,
-        embed: Any,
-        w_in: Any,
-        b_in: Any,
-        layers: list[_Layer],
-        final: tuple[Any, Any],
-    ) -> None:
-        self.dtype = dtype
-        self.embed = embed  # [vocab, d_model] (tokens) or None
-        self.w_in = w_in  # [input_dim, d_model] (features) or None
-        self.b_in = b_in
-        self.layers = layers
-        self.final = final
-
-    def map(self, fn: Callable[[Any], Any]) -> _Weights:
-        return _Weights(
-            self.dtype,
-            _opt(fn, self.embed),
-            _opt(fn, self.w_in),
-            _opt(fn, self.b_in),
-            [layer.map(fn) for layer in self.layers],
-            (_opt(fn, self.final[0]), _opt(fn, self.final[1])),
-        )
-
-
-# -- the forward, against an array namespace ---------------------------------------------------
-Attend = Callable[[Any, Any, Any, AttentionState], tuple[Any, AttentionState]]
-
-
-def _norm(xp: Any, x: Any, wb: tuple[Any, Any], eps: float) -> Any:
-    w, b = wb
-    if b is not None:  # layernorm: (x - mean) / sqrt(var + eps) · w + b
-        y = x - x.mean(axis=1, keepdims=True)
-        var = xp.einsum("td,td->t", y, y) / x.shape[1]
-    else:  # rmsnorm: x / sqrt(mean(x²) + eps) · w
-        y = x.copy()
-        var = xp.einsum("td,td->t", x, x) / x.shape[1]
-    y *= (1.0 / xp.sqrt(var + eps))[:, None].astype(x.dtype, copy=False)
-    y *= w
-    if b is not None:
-        y += b
-    return y
-
-
-def _activation(xp: Any, u: Any, act: str) -> Any:
-    """In place on u (a fresh buffer)."""
-    if act == "relu":
-        return xp.maximum(u, 0, out=u)
-    if act == "silu":  # x · sigmoid(x), sigmoid(x) = (1 + tanh(x/2)) / 2 (no overflow)
-        s = xp.tanh(u * 0.5)
-        s += 1.0
-        s *= 0.5
-        u *= s
-        return u
-    # gelu_tanh: x/2 · (1 + tanh(sqrt(2/π) · (x + 0.044715 x³)))
-    s = u * u
-    s *= 0.044715
-    s += 1.0
-    s *= u
-    s *= _SQRT_2_OVER_PI
-    xp.tanh(s, out=s)
-    s += 1.0
-    u *= 0.5
-    u *= s
-    return u
-
-
-def _forward_chunk(
-    xp: Any,
-    w: _Weights,
-    x_in: Any,
-    states: Sequence[AttentionState],
-    *,
-    config: ModelConfig,
-    attend: Attend,
-    activate: Callable[[Any, str], Any] | None = None,
-) -> tuple[Any, list[AttentionState]]:
-    """One chunk through the model with the array namespace xp (numpy, or cupy on a device).
-
-    x_in: checked token ids [T] or feature vectors [T, input_dim]; w, states: arrays of xp;
-    attend(q, k, v, state) -> (out [T, H, d_head], new state), arrays of xp; activate(u, name):
-    the feed-forward activation in place on a fresh buffer (default: `_activation` with xp).
-    Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies
-    between the host and a device, so on a device every layer's activations stay there.
-    """
-    c = config
-    if w.embed is not None:
-        x = w.embed[x_in]
-    else:
-        x = x_in.astype(w.dtype, copy=False) @ w.w_in
-        x += w.b_in
-    t = x.shape[0]
-    h, dh, a = c.n_heads, c.d_head, c.d_attn
-    new_states = []
-    for layer, s in zip(w.layers, states, strict=True):
-        qkv = _norm(xp, x, layer.n1, c.norm_eps) @ layer.w_qkv  # [T, 3·d_attn]
-        qkv = qkv.reshape(t, 3, h, dh)
-        y, s_new = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], s)
-        new_states.append(s_new)
-        x += y.reshape(t, a) @ layer.w_o
-        u = _norm(xp, x, layer.n2, c.norm_eps) @ layer.w_up
-        if layer.b_up is not None:
-            u += layer.b_up
-        u = _activation(xp, u, c.activation) if activate is None else activate(u, c.activation)
-        x += u @ layer.w_down
-        if layer.b_down is not None:
-            x += layer.b_down
-    return _norm(xp, x, w.final, c.norm_eps), new_states
-
-
-# -- devices -------------------------------------------------------------------------------------
-class _Device:
-    """How the forward runs on a device: its array namespace, copies both ways, and attention
-    on its arrays.  `_CupyDevice` is the real one; the CPU tests substitute NumPy stand-ins to
-    run the same path (`EmbeddingModel._embed_chunk_on`)."""
-
-    xp: Any
-
-    def cache_key(self) -> Hashable:
-        """Which device: weights are uploaded once per model and key."""
-        raise NotImplementedError
-
-    def is_device(self, a: Any) -> bool:
-        raise NotImplementedError
-
-    def to_device(self, a: np.ndarray) -> Any:
-        raise NotImplementedError
-
-    def to_host(self, a: Any) -> np.ndarray:
-        raise NotImplementedError
-
-    def attend(
-        self, q: Any, k: Any, v: Any, state: AttentionState, *, feature_map: Any, eps: float
-    ) -> tuple[Any, AttentionState]:
-        raise NotImplementedError
-
-
-class _CupyDevice(_Device):
-    """The current CuPy device: cuBLAS products, `cupy_causal` on device arrays."""
-
-    def __init__(self) -> None:
-        from .cupy_backend import cupy_causal, xp_cupy
-
-        self.xp = xp_cupy()
-        self._causal = cupy_causal
-
-    def cache_key(self) -> Hashable:
-        return ("cupy", int(self.xp.cuda.Device().id))
-
-    def is_device(self, a: Any) -> bool:
-        return isinstance(a, self.xp.ndarray)
-
-    def to_device(self, a: np.ndarray) -> Any:
-        return self.xp.asarray(a)
-
-    def to_host(self, a: Any) -> np.ndarray:
-        return np.asarray(self.xp.asnumpy(a))
-
-    def attend(
-        self, q: Any, k: Any, v: Any, state: AttentionState, *, feature_map: Any, eps: float
-    ) -> tuple[Any, AttentionState]:
-        # CuPy q and state in -> CuPy out and state: nothing leaves the device.
-        out, new = self._causal(q, k, v, state, feature_map=feature_map, eps=eps, dtype=q.dtype)
-        return out, new
-
-
-@functools.cache
-def _cupy_device() -> _CupyDevice:
-    return _CupyDevice()
-
-
-def _on_cupy(a: Any) -> bool:
-    """A CuPy array (checked by its type's module: CuPy need not be importable)."""
-    return type(a).__module__.split(".")[0] == "cupy"
-
-
-def _states_on_device(states: Sequence[AttentionState], dev: _Device) -> bool:
-    """True when every state array is on dev, False when none is; TypeError for a mix."""
-    flags = [dev.is_device(a) for st in states for a in (st.S, st.z)]
-    if all(flags):
-        return True
-    if not any(flags):
-        return False
-    i = flags.index(not flags[0]) // 2
-    msg = (
-        f"states mix host and device arrays (states[0] and states[{i}] differ): pass all on "
-        "the host (NumPy) or all on the device (to_host_states / to_device_states convert)"
-    )
-    raise TypeError(msg)
-
-
-def _pack_plan(states: Sequence[AttentionState]) -> np.dtype | None:
-    dts = {np.dtype(a.dtype) for st in states for a in (st.S, st.z)}
-    return dts.pop() if len(dts) == 1 else None
-
-
-def _move_states(
-    states: Sequence[AttentionState], src: Any, move: Callable[[Any], Any]
-) -> list[AttentionState]:
-    """Copy states (arrays of namespace src) across with one packed transfer (`move`), split
-    into views of the moved buffer; one transfer per array when the layers' dtypes differ."""
-    if _pack_plan(states) is None:
-        return [AttentionState(move(st.S), move(st.z)) for st in states]
-    flat = move(src.concatenate([a.reshape(-1) for st in states for a in (st.S, st.z)]))
-    out, pos = [], 0
-    for st in states:
-        pair = []
-        for a in (st.S, st.z):
-            n = int(a.size)
-            pair.append(flat[pos : pos + n].reshape(a.shape))
-            pos += n
-        out.append(AttentionState(pair[0], pair[1]))
-    return out
-
-
-def _upload_states(states: Sequence[AttentionState], dev: _Device) -> list[AttentionState]:
-    return _move_states(states, np, dev.to_device)
-
-
-def _download_states(states: Sequence[AttentionState], dev: _Device) -> list[AttentionState]:
-    return _move_states(states, dev.xp, dev.to_host)
-
-
 class EmbeddingModel:
     """A loaded model that embeds one chunk at a time (see the module docstring).
 
@@ -462,25 +195,9 @@ class EmbeddingModel:
             f,
             config.d_head,
         )
-        layernorm = config.normalization == "layernorm"
-        if config.input_kind == "tokens":
-            embed: np.ndarray | None = np.asarray(stored["embed.weight"], dtype=dt)
-            w_in = b_in = None
-        else:
-            embed = None
-            w_in = np.ascontiguousarray(stored["input_proj.weight"].T, dtype=dt)
-            b_in = np.asarray(stored["input_proj.bias"], dtype=dt)
-        self._host = _Weights(
-            dt,
-            embed,
-            w_in,
-            b_in,
-            [_Layer(stored, f"layers.{i}", dt, layernorm) for i in range(config.n_layers)],
-            (
-                np.asarray(stored["final_norm.weight"], dtype=dt),
-                np.asarray(stored["final_norm.bias"], dtype=dt) if layernorm else None,
-            ),
-        )
+        self._host = _Weights.build(config, stored, dt)
+        # layers whose rule has no device (CuPy) kernel: the forward then runs on the host
+        self.rule_layers = [i for i, ly in enumerate(self._host.layers) if not ly.rule.additive]
         # The weights uploaded to each device (by _Device.cache_key), on first use there.
         self._device_weights: dict[Hashable, _Weights] = {}
 
@@ -635,10 +352,14 @@ class EmbeddingModel:
         NumPy; the states come back where they were given: host states (or None) -> host
         states (one device->host copy of all layers per chunk), CuPy states -> CuPy states
         (no copy; call `to_host_states` before checkpointing them).
+
+        Layers with a rule other than "additive" run on the Numba CPU kernels, the only ones
+        the rules have: on the host backends they do so whatever the backend, "auto" picks the
+        host for such a model, and "cupy" is refused (ValueError).
         """
         x_in = self._prepare_inputs(inputs)
         checked = None if states is None else self._check_states(states)
-        name = resolve_backend(backend)
+        name = self._resolve_backend(backend)
         if name == "cupy":
             return self._embed_chunk_on(_cupy_device(), x_in, checked)
         st = self.initial_states() if checked is None else checked
@@ -649,9 +370,15 @@ class EmbeddingModel:
                     "host: pass backend='cupy', or model.to_host_states(states) first"
                 )
                 raise TypeError(msg)
-        attend = functools.partial(
-            causal_linear_attention, feature_map=self.feature_map, eps=self.config.eps, backend=name
-        )
+        fm, eps = self.feature_map, self.config.eps
+
+        def attend(
+            q: Any, k: Any, v: Any, s: AttentionState, rule: dict[str, Any]
+        ) -> tuple[Any, AttentionState]:
+            # a rule layer runs on its Numba kernel (rule={} is the additive default)
+            be = "numba" if rule else name
+            return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
+
         activate: Callable[[Any, str], Any] | None = None
         if name == "numba" and self.compute_dtype == np.float32:
             # one fused pass over the feed-forward buffer instead of NumPy's nine
@@ -659,9 +386,28 @@ class EmbeddingModel:
 
             activate = numba_activation
         with _blas_threads_for(int(x_in.shape[0])):
-            return _forward_chunk(
+            return model_layers.forward_chunk(
                 np, self._host, x_in, st, config=self.config, attend=attend, activate=activate
             )
+
+    def _resolve_backend(self, backend: str) -> str:
+        """The backend name for this model: "auto" keeps a model with rule layers on the host."""
+        if backend == "cupy" and self.rule_layers:
+            self._refuse_device()
+        name = resolve_backend(backend)
+        if name == "cupy" and self.rule_layers:  # "auto" (or LINSTREAM_BACKEND=cupy)
+            return resolve_backend("numba", allow_fallback=True)
+        return name
+
+    def _refuse_device(self) -> None:
+        i = self.rule_layers[0]
+        rule = self.config.layer_rule(i)["rule"]
+        msg = (
+            f"layer {i} of this model uses rule {rule!r}, which has no CuPy kernel: expected "
+            "backend 'auto', 'numba' or 'numpy' (the rules run on the Numba CPU kernels), "
+            "got 'cupy'"
+        )
+        raise ValueError(msg)
 
     def _weights_on(self, dev: _Device) -> _Weights:
         """The weights on dev, uploaded on first use there and cached with the model."""
@@ -683,6 +429,8 @@ class EmbeddingModel:
         Uploads: the weights once (cached), the chunk's inputs, and the states if they are on
         the host.  Downloads: the embeddings, and the states if they came from the host.
         """
+        if self.rule_layers:
+            self._refuse_device()
         if states is None:
             n_layers, h, f, dv = self.state_shape
             xp = dev.xp
@@ -699,10 +447,13 @@ class EmbeddingModel:
             x_in = x_in.astype(w.dtype, copy=False)
         fm, eps = self.feature_map, self.config.eps
 
-        def attend(q: Any, k: Any, v: Any, s: AttentionState) -> tuple[Any, AttentionState]:
+        def attend(
+            q: Any, k: Any, v: Any, s: AttentionState, rule: dict[str, Any]
+        ) -> tuple[Any, AttentionState]:
+            assert not rule, "rule layers are refused on a device above"
             return dev.attend(q, k, v, s, feature_map=fm, eps=eps)
 
-        emb, new = _forward_chunk(
+        emb, new = model_layers.forward_chunk(
             dev.xp, w, dev.to_device(x_in), st, config=self.config, attend=attend
         )
         out = dev.to_host(emb)
@@ -718,7 +469,7 @@ class EmbeddingModel:
         n = x.shape[0] if x.ndim else 0
         step = n if not chunk_size else int(chunk_size)
         states: list[AttentionState] | None = None
-        if n and resolve_backend(backend) == "cupy":
+        if n and self._resolve_backend(backend) == "cupy":
             states = self.to_device_states(self.initial_states())
         parts = []
         for s in range(0, max(n, 1), max(step, 1)):

@@ -14,6 +14,12 @@ blocks of `chunk_size` tokens with the running sums carried between blocks (O(T�
 long training sequences; the same numbers).  `forward(..., states=..., return_states=True)`
 continues from and returns per-layer states (S [B, H, F, d_head], z [B, H, F]), so the twin can
 also run chunk by chunk like the runtime.
+
+A layer whose config rule is not "additive" (`ModelConfig.rules`: decay, gated, delta,
+gated_delta) has its gate (`attn.gate`, log α = logsigmoid(·)/tau) and β (`attn.beta`, sigmoid)
+projections as `nn.Linear` modules and runs through the chunkwise forms of
+`model_torch_rules` (blocks of `RULE_CHUNK` tokens unless `chunk_size` is given), so autograd
+trains every rule; see docs/rules.md.
 """
 
 from __future__ import annotations
@@ -29,18 +35,24 @@ from torch import nn
 
 from .feature_maps import get_feature_map
 from .model_config import ModelConfig
+from .model_torch_rules import decaying_attention, delta_attention, unit_keys
 from .model_weights import (
+    BETA_RULES,
     FEATURE_MAP_PREFIX,
+    GATED_RULES,
     feature_map_params,
     init_weights,
     read_model,
     write_model,
 )
 
-__all__ = ["TorchEmbeddingModel", "TorchFeatureMap", "TorchState"]
+__all__ = ["RULE_CHUNK", "TorchEmbeddingModel", "TorchFeatureMap", "TorchState"]
 
 # Per layer: (S [B, H, F, d_head], z [B, H, F]).
 TorchState = tuple[torch.Tensor, torch.Tensor]
+# Tokens per block of a rule layer's chunkwise form when no chunk_size is given (the runtime's
+# rule kernels use 64 too): the delta rules' triangular solve stays well conditioned.
+RULE_CHUNK = 64
 
 
 class TorchFeatureMap(nn.Module):
@@ -88,6 +100,16 @@ class TorchFeatureMap(nn.Module):
             u = torch.clamp(u, max=self.bound) - self.key_shift
         return torch.exp(u) * (m**-0.5)
 
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The textbook φ(x) (`FeatureMap.features`): for FAVOR+ without the clamp and key shift
+        (the delta rules read with it); the key form for the other maps."""
+        if self.name != "favor+":
+            return self(x)
+        w = self.get_buffer("W").to(x.dtype)
+        xs = x * (x.shape[-1] ** -0.25)
+        u = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)
+        return torch.exp(u) * (w.shape[0] ** -0.5)
+
     def log_eps_factor(self, x: torch.Tensor) -> torch.Tensor | None:
         """log of the factor eps is scaled by per query token (FAVOR+'s query rescaling and key
         shift cancel in the ratio only if eps is scaled with them); None for the other maps."""
@@ -106,12 +128,23 @@ def _norm(config: ModelConfig) -> nn.Module:
 
 
 class _Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         d, a = config.d_model, config.d_attn
         self.q = nn.Linear(d, a, bias=False)
         self.k = nn.Linear(d, a, bias=False)
         self.v = nn.Linear(d, a, bias=False)
+        spec = config.layer_rule(layer)
+        self.rule = str(spec["rule"])
+        self.normalize = bool(spec.get("normalize", True))
+        self.tau = float(spec.get("tau", 1.0))
+        if self.rule in GATED_RULES:  # log α = logsigmoid(x W_a + b_a) / tau, one per head
+            self.gate = nn.Linear(d, config.n_heads)
+        if self.rule in BETA_RULES:  # β = sigmoid(x W_b + b_b), one per head
+            self.beta = nn.Linear(d, config.n_heads)
+        if self.rule == "decay":  # fixed, from the config (not a stored tensor)
+            log_gamma = torch.log(torch.tensor(spec["gamma"], dtype=torch.float64))
+            self.register_buffer("log_gamma", log_gamma, persistent=False)
         self.o = nn.Linear(a, d, bias=False)
         self.h, self.dh, self.eps = config.n_heads, config.d_head, config.eps
 
@@ -122,6 +155,8 @@ class _Attention(nn.Module):
         state: TorchState | None,
         chunk_size: int | None,
     ) -> tuple[torch.Tensor, TorchState | None]:
+        if self.rule != "additive":
+            return self._rule_forward(x, phi, state, chunk_size)
         b, t, _ = x.shape
         # [B, H, T, d]: heads first, so each product below is a batched matmul.
         xq = self.q(x).view(b, t, self.h, self.dh)
@@ -154,6 +189,50 @@ class _Attention(nn.Module):
         new = (s, z) if state is not None and s is not None and z is not None else None
         return self.o(y), new
 
+    def _log_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """log α per head and token [B, H, T] (0 for the plain delta rule)."""
+        b, t, _ = x.shape
+        if self.rule == "decay":
+            lg = self.get_buffer("log_gamma").to(x.dtype)
+            return lg[None, :, None].expand(b, self.h, t)
+        if self.rule in GATED_RULES:
+            return (fn.logsigmoid(self.gate(x)) / self.tau).transpose(1, 2)
+        return x.new_zeros(b, self.h, t)
+
+    def _rule_forward(
+        self,
+        x: torch.Tensor,
+        phi: TorchFeatureMap,
+        state: TorchState | None,
+        chunk_size: int | None,
+    ) -> tuple[torch.Tensor, TorchState | None]:
+        """A layer whose rule is not additive, through its chunkwise form (model_torch_rules)."""
+        b, t, _ = x.shape
+        c = RULE_CHUNK if not chunk_size else int(chunk_size)
+        xq = self.q(x).view(b, t, self.h, self.dh)
+        xk = self.k(x).view(b, t, self.h, self.dh)
+        v = self.v(x).view(b, t, self.h, self.dh).transpose(1, 2)
+        log_g = self._log_gates(x)
+        if self.rule in ("decay", "gated"):
+            q = phi(xq, query=True).transpose(1, 2)
+            lf = phi.log_eps_factor(xq)
+            lf = None if lf is None else lf.transpose(1, 2)
+            eps: Any = self.eps if lf is None else self.eps * torch.exp(lf)
+            y, (s, z) = decaying_attention(
+                q, phi(xk).transpose(1, 2), v, log_g, state, eps=eps, normalize=self.normalize,
+                log_f=lf, chunk=c,
+            )  # fmt: skip
+        else:
+            q = phi.features(xq).transpose(1, 2)
+            k = unit_keys(phi(xk)).transpose(1, 2)
+            beta = torch.sigmoid(self.beta(x)).transpose(1, 2)
+            y, s = delta_attention(
+                q, k, v, log_g, beta, None if state is None else state[0], chunk=c
+            )
+            z = state[1] if state is not None else s.new_zeros(s.shape[:-1])  # carried as is
+        y = y.transpose(1, 2).reshape(b, t, self.h * self.dh)
+        return self.o(y), (s, z) if state is not None else None
+
 
 class _FeedForward(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -174,10 +253,10 @@ class _FeedForward(nn.Module):
 
 
 class _Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.norm1 = _norm(config)
-        self.attn = _Attention(config)
+        self.attn = _Attention(config, layer)
         self.norm2 = _norm(config)
         self.ff = _FeedForward(config)
 
@@ -210,7 +289,7 @@ class TorchEmbeddingModel(nn.Module):
         else:
             assert config.input_dim is not None
             self.input_proj = nn.Linear(config.input_dim, config.d_model)
-        self.layers = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(_Block(config, i) for i in range(config.n_layers))
         self.final_norm = _norm(config)
         self.feature_map = TorchFeatureMap(config.feature_map, config.d_head)
         if seed is not None:

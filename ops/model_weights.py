@@ -5,8 +5,10 @@ model's script all go through here, so there is one file format.
 File format: a safetensors file whose metadata holds
     "format": "linstream-model", "format_version": "1", "config": ModelConfig.to_json()
 and whose tensors are exactly `weight_specs(config)`: the float32 weights named as the PyTorch
-twin's `state_dict()` names them, plus the feature map's parameters as `feature_map.<name>` (for
-FAVOR+ its random matrix), which must equal what the config's map generates.  A file is
+twin's `state_dict()` names them (a layer whose rule has a gate or β adds its projections,
+`layers.i.attn.gate.*` / `layers.i.attn.beta.*`: [n_heads, d_model] and [n_heads]), plus the
+feature map's parameters as `feature_map.<name>` (for FAVOR+ its random matrix), which must equal
+what the config's map generates.  A file is
 untrusted input: the header is read and checked (names, dtypes, shapes) before any tensor is, and
 every refusal names the tensor and says what was expected.
 """
@@ -26,8 +28,10 @@ from .feature_maps import get_feature_map
 from .model_config import ModelConfig
 
 __all__ = [
+    "BETA_RULES",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "GATED_RULES",
     "ModelFileError",
     "TensorSpec",
     "check_tensors",
@@ -48,6 +52,9 @@ _MAX_HEADER = 16 << 20  # a header is a few KB; refuse absurd sizes before parsi
 _ST_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 _NP_TO_ST = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 FEATURE_MAP_PREFIX = "feature_map."
+# Rules whose layers carry a gate projection (attn.gate.*), and a β projection (attn.beta.*).
+GATED_RULES = ("gated", "gated_delta")
+BETA_RULES = ("delta", "gated_delta")
 
 
 class ModelFileError(ValueError):
@@ -92,6 +99,11 @@ def weight_specs(config: ModelConfig) -> dict[str, TensorSpec]:
         norm(f"{p}.norm1")
         for name in ("q", "k", "v"):
             specs[f"{p}.attn.{name}.weight"] = TensorSpec((a, d), f32, "linear")
+        rule = config.layer_rule(i)["rule"]
+        # one logit per head and token: the gate (log α) and β projections of the rule
+        for proj in ("gate",) * (rule in GATED_RULES) + ("beta",) * (rule in BETA_RULES):
+            specs[f"{p}.attn.{proj}.weight"] = TensorSpec((config.n_heads, d), f32, "linear")
+            specs[f"{p}.attn.{proj}.bias"] = TensorSpec((config.n_heads,), f32, "bias")
         specs[f"{p}.attn.o.weight"] = TensorSpec((d, a), f32, "linear_out")
         norm(f"{p}.norm2")
         specs[f"{p}.ff.up.weight"] = TensorSpec((ff, d), f32, "linear")
@@ -147,9 +159,12 @@ def _le_bytes(arr: np.ndarray) -> bytes:
 
 
 def fingerprint(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> str:
-    """Hex sha256 over the canonical config JSON, every tensor's name, dtype, shape and bytes
-    (sorted by name, little-endian), and the feature map's parameters as its config generates
-    them.  Every field is length-prefixed, so no two different models hash the same text."""
+    """Hex sha256 over the canonical config JSON (which holds each layer's rule and its
+    parameters), every tensor's name, dtype, shape and bytes (sorted by name, little-endian;
+    the gate and β projections among them), the feature map's parameters as its config
+    generates them, and the map's state constants (FAVOR+'s key shift b, only where b > 0, so
+    maps with b = 0 keep their fingerprints).  Every field is length-prefixed, so no two
+    different models hash the same text."""
     h = hashlib.sha256()
 
     def put(b: bytes) -> None:
@@ -171,6 +186,10 @@ def fingerprint(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> str:
     put_arrays(weights)
     put(b"feature_map_params")
     put_arrays(feature_map_params(config))
+    constants = get_feature_map(config.feature_map).state_constants(config.d_head)
+    if constants:
+        put(b"feature_map_state_constants")
+        put(json.dumps(constants, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()
 
 

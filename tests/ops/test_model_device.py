@@ -1,4 +1,4 @@
-"""The model runtime's device path, run on the CPU: the same `_forward_chunk` and
+"""The model runtime's device path, run on the CPU: the same `forward_chunk` and
 `_embed_chunk_on` that backend="cupy" runs, with NumPy stand-ins for the device.
 
 - `_NumpyDevice`: xp = numpy, attention through `scan_causal` with `NumpyKernels` (the CuPy
@@ -17,6 +17,7 @@ The same comparisons on a real device are in test_model_gpu.py (skipped without 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from typing import Any, ClassVar
 
@@ -28,7 +29,8 @@ from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_mode
 from linstream.ops.attention import causal_linear_attention
 from linstream.ops.backend import cupy_available
 from linstream.ops.cupy_backend import NumpyKernels, scan_causal
-from linstream.ops.model_runtime import _Device, _forward_chunk
+from linstream.ops.model_device import _Device, exact_eps_attend
+from linstream.ops.model_layers import forward_chunk as _forward_chunk
 from linstream.ops.model_weights import init_weights
 
 TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
@@ -72,7 +74,7 @@ class _NumpyDevice(_Device):
     def to_host(self, a: Any) -> np.ndarray:
         return np.array(a, copy=True)
 
-    def attend(self, q, k, v, state, *, feature_map, eps):
+    def causal(self, q, k, v, state, *, feature_map, eps, dtype):
         return scan_causal(
             q,
             k,
@@ -81,10 +83,16 @@ class _NumpyDevice(_Device):
             feature_map=feature_map,
             eps=eps,
             chunk_size=self.chunk_size,
-            dtype=q.dtype,
+            dtype=dtype,
             xp=np,
             kernels=NumpyKernels(np),
         )
+
+    def attend(self, q, k, v, state, *, feature_map, eps):  # as _CupyDevice.attend
+        return exact_eps_attend(
+            q, k, v, state, feature_map=feature_map, eps=eps, causal=self.causal, xp=np,
+            to_host=self.to_host,
+        )  # fmt: skip
 
 
 class HostReadError(TypeError):
@@ -106,6 +114,8 @@ def _unwrap(x: Any) -> Any:
 
 
 def _wrap(x: Any) -> Any:
+    if isinstance(x, np.generic):  # a reduction's result: a 0-d device array, as in CuPy
+        return np.asarray(x).view(_Dev)
     if isinstance(x, np.ndarray) and not isinstance(x, _Dev):
         return x.view(_Dev)
     if type(x) in (list, tuple):
@@ -159,6 +169,8 @@ class _RecordingXp:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
+            if name == "asarray" and type(args[0]) is np.ndarray:  # an upload, as in CuPy
+                return _wrap(np.array(args[0], dtype=kwargs.get("dtype")))
             return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
 
         return call
@@ -188,7 +200,7 @@ class _StandInDevice(_Device):
         self.moves.append(("down", a.shape))
         return np.array(a.view(np.ndarray), copy=True)
 
-    def attend(self, q, k, v, state, *, feature_map, eps):
+    def causal(self, q, k, v, state, *, feature_map, eps, dtype):
         for name, x in (("q", q), ("k", k), ("v", v), ("S", state.S), ("z", state.z)):
             assert isinstance(x, _Dev), f"attention got a host {name}"
         out, new = scan_causal(
@@ -199,11 +211,19 @@ class _StandInDevice(_Device):
             feature_map=feature_map,
             eps=eps,
             chunk_size=self.chunk_size,
-            dtype=q.dtype,
+            dtype=dtype,
             xp=self.xp,
             kernels=NumpyKernels(self.xp),
         )
         assert isinstance(out, _Dev) and isinstance(new.S, _Dev) and isinstance(new.z, _Dev)
+        return out, new
+
+    def attend(self, q, k, v, state, *, feature_map, eps):  # as _CupyDevice.attend
+        out, new = exact_eps_attend(
+            q, k, v, state, feature_map=feature_map, eps=eps, causal=self.causal, xp=self.xp,
+            to_host=self.to_host,
+        )  # fmt: skip
+        assert isinstance(out, _Dev)
         return out, new
 
     def take_moves(self) -> collections.Counter[str]:
@@ -245,7 +265,7 @@ def test_forward_chunk_with_numpy_is_the_host_runtime(kind):
     rng = np.random.default_rng(3)
     x = _inputs(rng, m, 21)
     st = m.initial_states()
-    attend = lambda q, k, v, s: causal_linear_attention(  # noqa: E731
+    attend = lambda q, k, v, s, rule: causal_linear_attention(  # noqa: E731
         q, k, v, s, feature_map=m.feature_map, eps=m.config.eps, backend="numpy"
     )
     xin = x if m.config.input_kind == "tokens" else x.astype(np.float32)
@@ -362,6 +382,51 @@ def test_builtin_model_on_the_stand_in_device():
         e, states = m._embed_chunk_on(dev, m._prepare_inputs(x[a:b]), states)
         parts.append(e)
     np.testing.assert_allclose(np.concatenate(parts), ref, rtol=1e-4, atol=1e-4)
+
+
+# -- FAVOR+'s eps on the device path (never run on a GPU here: through the stand-ins) -----------
+# d_head = 128 with 128 features: the key shift b = max(0, B - 60) is about 24, so a scalar eps
+# in the rescaled domain would be e^24 times too large (the device path before the fix).
+FAVOR_BIG = ModelConfig(
+    input_kind="features", vocab_size=None, input_dim=3, d_model=8, n_layers=2, n_heads=1,
+    d_head=128, d_ff=12, feature_map={"name": "favor+", "num_features": 128, "seed": 0}, eps=1e-3,
+)  # fmt: skip
+
+
+class _ScalarEpsDevice(_NumpyDevice):
+    """The device path as it was: eps passed to the kernel as one scalar."""
+
+    def attend(self, q, k, v, state, *, feature_map, eps):
+        return self.causal(q, k, v, state, feature_map=feature_map, eps=eps, dtype=q.dtype)
+
+
+@pytest.mark.parametrize("k_scale", [1.0, 5.0], ids=["keys", "far-keys"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("device", ["numpy", "stand-in"])
+def test_device_path_applies_favor_eps_in_the_unscaled_domain(device, dtype, k_scale):
+    """far-keys: layer 0's keys ×5 and eps = 0, so that every key's features underflow float32
+    while the ratio num/den stays O(1): the chunk must run in float64, as on the host."""
+    from linstream.ops import get_feature_map
+
+    assert get_feature_map(FAVOR_BIG.feature_map).key_shift(128) > 20
+    cfg = FAVOR_BIG if k_scale == 1 else dataclasses.replace(FAVOR_BIG, eps=0.0)
+    w = init_weights(cfg, 3)
+    w["layers.0.attn.k.weight"] = w["layers.0.attn.k.weight"] * np.float32(k_scale)
+    m = EmbeddingModel(cfg, w, compute_dtype=np.dtype(dtype))
+    x = np.random.default_rng(4).standard_normal((40, 3)) * 2
+    ref, ref_states = m.embed_chunk(x, None, backend="numpy")  # the host path, fixed before
+    dev = _NumpyDevice(chunk_size=8) if device == "numpy" else _StandInDevice(chunk_size=8)
+    states: Any = m.initial_states()
+    parts = []
+    for a, b in itertools.pairwise([0, 1, 17, 40]):
+        e, states = m._embed_chunk_on(dev, m._prepare_inputs(x[a:b]), states)
+        parts.append(e)
+    tol = 1e-10 if dtype == "float64" else 2e-4
+    np.testing.assert_allclose(np.concatenate(parts), ref, rtol=tol, atol=tol)
+    _assert_states_close(states, ref_states, tol, tol)
+    if cfg.eps > 0:  # what the test would see without the fix
+        old, _ = m._embed_chunk_on(_ScalarEpsDevice(8), m._prepare_inputs(x), None)
+        assert np.max(np.abs(old - ref)) > 1000 * tol
 
 
 # -- the public surface on a machine without a device ----------------------------------------

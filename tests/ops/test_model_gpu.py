@@ -6,6 +6,7 @@ code path runs on the CPU with NumPy stand-ins in test_model_device.py.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -128,3 +129,35 @@ def test_device_states_are_not_copied_and_inputs_untouched(builtin):
     mixed = [new[0], AttentionState(*(cp.asnumpy(a) for a in new[1]))]
     with pytest.raises(TypeError, match="mix host and device"):
         builtin.embed_chunk(x, mixed, backend="cupy")
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.0])
+def test_favor_plus_with_a_key_shift_on_the_device_equals_the_host(eps):
+    """FAVOR+ with b = max(0, B - 60) ≈ 24 (d_head = 128): eps must be applied in the unscaled
+    domain on the device as on the host (ops/model_device.py); the CPU tests check the same
+    function through NumPy stand-ins (test_model_device.py)."""
+    cfg = ModelConfig(
+        input_kind="features", vocab_size=None, input_dim=3, d_model=8, n_layers=2, n_heads=1,
+        d_head=128, d_ff=12, feature_map={"name": "favor+", "num_features": 128, "seed": 0},
+        eps=eps,
+    )  # fmt: skip
+    m = EmbeddingModel(cfg, init_weights(cfg, 3))
+    x = np.random.default_rng(4).standard_normal((40, 3)).astype(np.float32) * 2
+    ref, _ = m.embed_chunk(x, None, backend="numpy")
+    states: Any = m.initial_states()
+    parts = []
+    for a, b in itertools.pairwise([0, 1, 17, 40]):
+        e, states = m.embed_chunk(x[a:b], states, backend="cupy")
+        parts.append(e)
+    np.testing.assert_allclose(np.concatenate(parts), ref, rtol=2e-4, atol=2e-4)
+
+
+def test_a_model_with_rule_layers_is_refused_on_cupy_and_auto_stays_on_the_host():
+    cfg = dataclasses.replace(FEATURES, rules=["additive", "gated_delta", "decay"])
+    m = EmbeddingModel(cfg, init_weights(cfg, 0))
+    x = np.random.default_rng(0).standard_normal((9, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="no CuPy kernel"):
+        m.embed_chunk(x, None, backend="cupy")
+    emb, states = m.embed_chunk(x, None, backend="auto")
+    assert all(isinstance(s.S, np.ndarray) for s in states)
+    np.testing.assert_array_equal(emb, m.embed_chunk(x, None, backend="numba")[0])

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from linstream.ops import ModelConfig, get_feature_map, load_model, model_runtime  # noqa: E402
+from linstream.ops import ModelConfig, get_feature_map, load_model, model_layers  # noqa: E402
 from linstream.ops.model_builtin import build  # noqa: E402
 from linstream.ops.model_runtime import EmbeddingModel  # noqa: E402
 from linstream.ops.model_torch import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
@@ -128,7 +128,7 @@ def normalization_condition(rt64, x):
     reaches the output passes through each normalization at most once per layer, so the
     product bounds the amplification to first order."""
     kappa = np.ones(x.shape[0])
-    real_norm = model_runtime._norm
+    real_norm = model_layers._norm
 
     def norm(xp, xx, wb, eps):
         if wb[1] is not None:  # layernorm
@@ -137,11 +137,11 @@ def normalization_condition(rt64, x):
             kappa[:] *= np.maximum(np.linalg.norm(xx, axis=1) / denom, 1.0)
         return real_norm(xp, xx, wb, eps)
 
-    model_runtime._norm = norm
+    model_layers._norm = norm
     try:
         rt64.embed_chunk(x, None, backend="numpy")
     finally:
-        model_runtime._norm = real_norm
+        model_layers._norm = real_norm
     return kappa
 
 
@@ -167,7 +167,7 @@ def projection_conditioning_bound(rt64, x, ref):
     gamma = n * u / (1 - n * u)
     t = x.shape[0]
     normed: list[np.ndarray] = []
-    real_norm, real_forward = model_runtime._norm, model_runtime._forward_chunk
+    real_norm, real_forward = model_layers._norm, model_layers.forward_chunk
 
     def norm(xp, xx, wb, eps):
         out = real_norm(xp, xx, wb, eps)
@@ -178,15 +178,16 @@ def projection_conditioning_bound(rt64, x, ref):
         def forward(xp, w, x_in, states, *, config, attend, activate=None):
             layers = iter(range(config.n_layers))
 
-            def att(q, k, v, s):
+            def att(q, k, v, s, rule):
                 layer = next(layers)
                 if target[0] == layer:
                     _, which, h, f = target
-                    e = gamma * (np.abs(normed[-1]) @ np.abs(w.layers[layer].w_qkv))
+                    w_qkv = w.layers[layer].w_qkv[:, : 3 * c.d_attn]  # without gate/β columns
+                    e = gamma * (np.abs(normed[-1]) @ np.abs(w_qkv))
                     e = e.reshape(t, 3, c.n_heads, c.d_head)[:, which, h, f]
                     q, k = q.copy(), k.copy()
                     (q if which == 0 else k)[:, h, f] += sign * e
-                return attend(q, k, v, s)
+                return attend(q, k, v, s, rule)
 
             return real_forward(xp, w, x_in, states, config=config, attend=att, activate=activate)
 
@@ -194,19 +195,19 @@ def projection_conditioning_bound(rt64, x, ref):
 
     base, _ = rt64.embed_chunk(x, None, backend="numpy")
     total = np.zeros(t)
-    model_runtime._norm = norm
+    model_layers._norm = norm
     try:
         for target in itertools.product(
             range(c.n_layers), (0, 1), range(c.n_heads), range(c.d_head)
         ):
             moved = []
             for sign in (1.0, -1.0):
-                model_runtime._forward_chunk = moving(target, sign)
+                model_layers.forward_chunk = moving(target, sign)
                 out, _ = rt64.embed_chunk(x, None, backend="numpy")
                 moved.append(np.linalg.norm(out - base, axis=-1))
             total += np.maximum(*moved)
     finally:
-        model_runtime._norm, model_runtime._forward_chunk = real_norm, real_forward
+        model_layers._norm, model_layers.forward_chunk = real_norm, real_forward
     return total / np.maximum(np.linalg.norm(ref, axis=-1), 1e-3)
 
 
