@@ -1,35 +1,41 @@
 """Numba CPU kernel for causal linear attention: the recurrence, with the chunk's part in float32.
 
-One head per `prange` iteration, token by token, with the current token included:
+Token by token, with the current token included:
 
     S ← S + φ(k_t) v_tᵀ,  z ← z + φ(k_t),  y_t = φ(q_t)ᵀS / (φ(q_t)ᵀz + eps)
 
 The carried state (S, z) stays in the state dtype (float64 by default) and is touched once per
 chunk of C tokens: inside a chunk the kernel reads a compute-dtype copy S₀ of it and adds the
 tokens to a compute-dtype delta ΔS that starts at zero, so y_t = φ(q_t)ᵀ(S₀ + ΔS_t); at the end of
-the chunk ΔS is added to the carried S in the state dtype and S₀ is refreshed.  Rounding inside a
-chunk is therefore relative to the chunk's own contribution, never to the (growing) state, and a
-float64 z keeps counting past 2^24 tokens.  The denominator is formed in float64 (O(d_k) per
-token).  Any split of a sequence into calls gives the same result as one call, up to the
-rounding of where the chunk boundaries fall.
+the chunk ΔS is added to the carried S in the state dtype.  Rounding inside a chunk is therefore
+relative to the chunk's own contribution, never to the (growing) state.  z is summed token by
+token in float64 and the denominator formed in float64 (O(d_k) per token), so z keeps counting
+past 2^24 tokens.  Any split of a sequence into calls gives the same result as one call, up to
+the rounding of where the chunk boundaries fall.
 
 What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
 - d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
-  kernel per head shape (cached in memory and on disk), so every inner loop has a known trip
-  count; inputs under _PARALLEL_MIN_WORK run their heads on the calling thread;
+  kernel per head shape (cached in memory and on disk); inputs under _PARALLEL_MIN_WORK run on
+  the calling thread;
+- the heads are split into one contiguous group per thread, and each group walks its heads
+  chunk by chunk: a chunk's rows of q, k and v are copied for all of the group's heads at once,
+  in address order.  Walking one head through the whole sequence instead read 256 bytes out of
+  every H·256 and left the hardware prefetchers behind: that cost as much as the arithmetic;
 - the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
-  and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, four rows at a time
-  (four independent sums: one per row would wait on its own add chain);
-- a chunk of q and k is copied into contiguous buffers (a plain copy keeps the strided row loads
-  in flight) and φ applied there, with a float32 exp built from operations LLVM vectorizes
+  and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, and four tokens share
+  each pass over a row: ΔS and S₀ are loaded once per four tokens (they do not fit in L1 at
+  d=64), with four independent sums in flight;
+- φ is applied to the chunk's copy with a float32 exp built from operations LLVM vectorizes
   (math.exp is a scalar libm call without SVML);
+- the copies and small loops take their trip counts from the arrays' shapes: a loop with a small
+  constant trip count is unrolled before the vectorizer sees it and then runs scalar;
 - typed zeros everywhere in compute-dtype loops (a literal 0.0 would widen float32 to float64).
 
 elu+1, relu and identity are compiled in; FAVOR+ (a map with parameters) is applied in NumPy first
 and the kernel then runs with identity.  `numba_activation` is the model runtime's feed-forward
 activation (relu, silu, gelu_tanh) in one fused float32 pass, built on the same exp.  No BLAS is
-called, so nothing competes with the per-head threads.  Kernels are compiled with `cache=True`
+called, so nothing competes with the kernel's threads.  Kernels are compiled with `cache=True`
 (on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job load them
 instead of compiling.
 """
@@ -153,7 +159,8 @@ def _exp_overload(x):  # unannotated: numba compares its signature with the lamb
 @functools.cache
 def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     """The kernel for heads of width (d_k, d_v), both compile-time constants (one compile per
-    shape and dtype combination, then from Numba's on-disk cache); head groups in parallel or not."""
+    shape and dtype combination, then from Numba's on-disk cache); head groups in parallel or
+    not."""
     dk, dv = int(d_k), int(d_v)
 
     @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, inline="always")
@@ -161,35 +168,34 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
         """dst[h - h0, :n] = φ(src[s:s+n, h]) for h in [h0, h1), in dst's dtype.
 
         The rows are read in address order (all of the group's heads of a token, then the next
-        token), so the hardware prefetchers follow; φ is applied after, in place.  Trip counts
+        token), so the hardware prefetchers follow, and φ is applied on the way.  Trip counts
         come from the arrays' shapes, not from the compile-time widths: a loop with a small
         constant trip count is unrolled before the vectorizer sees it and then stays scalar."""
         m = src.shape[2]
         one = dst.dtype.type(1)
         zero = dst.dtype.type(0)
-        for i in range(n):
-            for h in range(h0, h1):
-                for f in range(m):
-                    dst[h - h0, i, f] = src[s + i, h, f]
         if fmap == _FMAP_ELU1:
-            for hl in range(h1 - h0):
-                for i in range(n):
+            for i in range(n):
+                for h in range(h0, h1):
                     for f in range(m):
-                        x = dst[hl, i, f]
+                        x = src[s + i, h, f]
                         e = _exp(zero if x > zero else x)
-                        dst[hl, i, f] = x + one if x > zero else e
+                        dst[h - h0, i, f] = x + one if x > zero else e
         elif fmap == _FMAP_RELU:
-            for hl in range(h1 - h0):
-                for i in range(n):
+            for i in range(n):
+                for h in range(h0, h1):
                     for f in range(m):
-                        x = dst[hl, i, f]
-                        dst[hl, i, f] = x if x > zero else zero
+                        x = src[s + i, h, f]
+                        dst[h - h0, i, f] = x if x > zero else zero
+        else:
+            for i in range(n):
+                for h in range(h0, h1):
+                    for f in range(m):
+                        dst[h - h0, i, f] = src[s + i, h, f]
 
     # inline="always": inlined in Numba's IR, so LLVM sees the buffers' compile-time row lengths
     # (as a separate function the row addresses took so many registers that they spilled)
-    @numba.njit(
-        nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always"
-    )
+    @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
     def head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps):  # pragma: no cover
         """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
         writes oc [C, dv].  st [dv, dk] (S transposed) and zt [dk] are the carried state in the
