@@ -67,9 +67,10 @@ from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 __all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
-# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): 64 was
-# the fastest, 32 about 20% slower, 128-256 within 10%; longer chunks also let float32 rounding in
-# ΔS grow (relative to the chunk's own sum).
+# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): for the
+# first recurrent kernel 64 was the fastest, 32 about 20% slower, 128-256 within 10%; for this one
+# the (saturated) run in README put 32-256 within ±20% of each other in no clear order.  Longer
+# chunks also let float32 rounding in ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
 # Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
