@@ -1,35 +1,41 @@
 """Numba CPU kernel for causal linear attention: the recurrence, with the chunk's part in float32.
 
-One head per `prange` iteration, token by token, with the current token included:
+Token by token, with the current token included:
 
     S ← S + φ(k_t) v_tᵀ,  z ← z + φ(k_t),  y_t = φ(q_t)ᵀS / (φ(q_t)ᵀz + eps)
 
 The carried state (S, z) stays in the state dtype (float64 by default) and is touched once per
 chunk of C tokens: inside a chunk the kernel reads a compute-dtype copy S₀ of it and adds the
 tokens to a compute-dtype delta ΔS that starts at zero, so y_t = φ(q_t)ᵀ(S₀ + ΔS_t); at the end of
-the chunk ΔS is added to the carried S in the state dtype and S₀ is refreshed.  Rounding inside a
-chunk is therefore relative to the chunk's own contribution, never to the (growing) state, and a
-float64 z keeps counting past 2^24 tokens.  The denominator is formed in float64 (O(d_k) per
-token).  Any split of a sequence into calls gives the same result as one call, up to the
-rounding of where the chunk boundaries fall.
+the chunk ΔS is added to the carried S in the state dtype.  Rounding inside a chunk is therefore
+relative to the chunk's own contribution, never to the (growing) state.  z is summed token by
+token in float64 and the denominator formed in float64 (O(d_k) per token), so z keeps counting
+past 2^24 tokens.  Any split of a sequence into calls gives the same result as one call, up to
+the rounding of where the chunk boundaries fall.
 
 What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
 - d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
-  kernel per head shape (cached in memory and on disk), so every inner loop has a known trip
-  count; inputs under _PARALLEL_MIN_WORK run their heads on the calling thread;
+  kernel per head shape (cached in memory and on disk); inputs under _PARALLEL_MIN_WORK run on
+  the calling thread;
+- the heads are split into one contiguous group per thread, and each group walks its heads
+  chunk by chunk: a chunk's rows of q, k and v are copied for all of the group's heads at once,
+  in address order.  Walking one head through the whole sequence instead read 256 bytes out of
+  every H·256 and left the hardware prefetchers behind: that cost as much as the arithmetic;
 - the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
-  and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, four rows at a time
-  (four independent sums: one per row would wait on its own add chain);
-- a chunk of q and k is copied into contiguous buffers (a plain copy keeps the strided row loads
-  in flight) and φ applied there, with a float32 exp built from operations LLVM vectorizes
+  and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, and four tokens share
+  each pass over a row: ΔS and S₀ are loaded once per four tokens (they do not fit in L1 at
+  d=64), with four independent sums in flight;
+- φ is applied to the chunk's copy with a float32 exp built from operations LLVM vectorizes
   (math.exp is a scalar libm call without SVML);
+- the copies and small loops take their trip counts from the arrays' shapes: a loop with a small
+  constant trip count is unrolled before the vectorizer sees it and then runs scalar;
 - typed zeros everywhere in compute-dtype loops (a literal 0.0 would widen float32 to float64).
 
 elu+1, relu and identity are compiled in; FAVOR+ (a map with parameters) is applied in NumPy first
 and the kernel then runs with identity.  `numba_activation` is the model runtime's feed-forward
 activation (relu, silu, gelu_tanh) in one fused float32 pass, built on the same exp.  No BLAS is
-called, so nothing competes with the per-head threads.  Kernels are compiled with `cache=True`
+called, so nothing competes with the kernel's threads.  Kernels are compiled with `cache=True`
 (on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job load them
 instead of compiling.
 """
@@ -61,9 +67,10 @@ from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 __all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
-# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): 64 was
-# the fastest, 32 about 20% slower, 128-256 within 10%; longer chunks also let float32 rounding in
-# ΔS grow (relative to the chunk's own sum).
+# carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): for the
+# first recurrent kernel 64 was the fastest, 32 about 20% slower, 128-256 within 10%; for this one
+# the (saturated) run in README put 32-256 within ±20% of each other in no clear order.  Longer
+# chunks also let float32 rounding in ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
 # Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
@@ -153,128 +160,160 @@ def _exp_overload(x):  # unannotated: numba compares its signature with the lamb
 @functools.cache
 def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     """The kernel for heads of width (d_k, d_v), both compile-time constants (one compile per
-    shape and dtype combination, then from Numba's on-disk cache); heads in parallel or not."""
+    shape and dtype combination, then from Numba's on-disk cache); head groups in parallel or
+    not."""
     dk, dv = int(d_k), int(d_v)
-    dv4 = dv - dv % 4  # rows handled four at a time; the rest one by one
 
-    @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)
-    def map_chunk(src, s, n, h, fmap, dst):  # pragma: no cover - compiled
-        """dst[:n, :dk] = φ(src[s:s+n, h, :dk]) in dst's dtype.
+    @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, inline="always")
+    def load_chunk(src, s, n, h0, h1, fmap, dst):  # pragma: no cover - compiled
+        """dst[h - h0, :n] = φ(src[s:s+n, h]) for h in [h0, h1), in dst's dtype.
 
-        The rows are copied first and mapped in place after: a plain copy keeps many strided
-        row loads in flight, while the map's arithmetic between loads would serialize them."""
+        The rows are read in address order (all of the group's heads of a token, then the next
+        token), so the hardware prefetchers follow, and φ is applied on the way.  Trip counts
+        come from the arrays' shapes, not from the compile-time widths: a loop with a small
+        constant trip count is unrolled before the vectorizer sees it and then stays scalar."""
+        m = src.shape[2]
         one = dst.dtype.type(1)
         zero = dst.dtype.type(0)
-        for i in range(n):
-            for f in range(dk):
-                dst[i, f] = src[s + i, h, f]
         if fmap == _FMAP_ELU1:
             for i in range(n):
-                for f in range(dk):
-                    x = dst[i, f]
-                    e = _exp(zero if x > zero else x)
-                    dst[i, f] = x + one if x > zero else e
+                for h in range(h0, h1):
+                    for f in range(m):
+                        x = src[s + i, h, f]
+                        e = _exp(zero if x > zero else x)
+                        dst[h - h0, i, f] = x + one if x > zero else e
         elif fmap == _FMAP_RELU:
             for i in range(n):
+                for h in range(h0, h1):
+                    for f in range(m):
+                        x = src[s + i, h, f]
+                        dst[h - h0, i, f] = x if x > zero else zero
+        else:
+            for i in range(n):
+                for h in range(h0, h1):
+                    for f in range(m):
+                        dst[h - h0, i, f] = src[s + i, h, f]
+
+    # inline="always": inlined in Numba's IR, so LLVM sees the buffers' compile-time row lengths
+    # (as a separate function the row addresses took so many registers that they spilled)
+    @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
+    def head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps):  # pragma: no cover
+        """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
+        writes oc [C, dv].  st [dv, dk] (S transposed) and zt [dk] are the carried state in the
+        state dtype, updated; s0, ds [dv, dk] (compute dtype), zc [dk] and inv [C] (float64) are
+        scratch, ds all zeros on entry and on return."""
+        zero = qc.dtype.type(0)
+        m = st.shape[1]
+        for e in range(st.shape[0]):
+            for f in range(m):
+                s0[e, f] = st[e, f]
+        # the denominators in float64, with z summed token by token in float64
+        for f in range(m):
+            zc[f] = zt[f]
+        for i in range(n):
+            den = 0.0
+            for f in range(m):
+                zc[f] += np.float64(kc[i, f])
+                den += np.float64(qc[i, f]) * zc[f]
+            inv[i] = 1.0 / (den + eps)
+        for f in range(m):
+            zt[f] = zc[f]
+        # four tokens per pass over ΔS: each row of ΔS and S₀ is loaded once for four updates and
+        # four reads (the row of token i+1 is the row of token i plus its own term)
+        i = 0
+        while i + 4 <= n:
+            for e in range(dv):
+                v0 = vc[i, e]
+                v1 = vc[i + 1, e]
+                v2 = vc[i + 2, e]
+                v3 = vc[i + 3, e]
+                a0 = zero
+                a1 = zero
+                a2 = zero
+                a3 = zero
                 for f in range(dk):
-                    x = dst[i, f]
-                    dst[i, f] = x if x > zero else zero
+                    sf = s0[e, f]
+                    x = ds[e, f] + kc[i, f] * v0
+                    a0 += qc[i, f] * (sf + x)
+                    x = x + kc[i + 1, f] * v1
+                    a1 += qc[i + 1, f] * (sf + x)
+                    x = x + kc[i + 2, f] * v2
+                    a2 += qc[i + 2, f] * (sf + x)
+                    x = x + kc[i + 3, f] * v3
+                    a3 += qc[i + 3, f] * (sf + x)
+                    ds[e, f] = x
+                oc[i, e] = np.float64(a0) * inv[i]
+                oc[i + 1, e] = np.float64(a1) * inv[i + 1]
+                oc[i + 2, e] = np.float64(a2) * inv[i + 2]
+                oc[i + 3, e] = np.float64(a3) * inv[i + 3]
+            i += 4
+        while i < n:  # the chunk's last n % 4 tokens
+            for e in range(dv):
+                ve = vc[i, e]
+                a = zero
+                for f in range(dk):
+                    x = ds[e, f] + kc[i, f] * ve
+                    ds[e, f] = x
+                    a += qc[i, f] * (s0[e, f] + x)
+                oc[i, e] = np.float64(a) * inv[i]
+            i += 1
+        # fold the chunk into the carried state, in the state dtype
+        for e in range(st.shape[0]):
+            for f in range(m):
+                st[e, f] += ds[e, f]
+                ds[e, f] = zero
 
     # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
     # exception, on both paths (parallel regions always behave so)
     @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
-    def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk):  # pragma: no cover - compiled
+    def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk, ngroups):  # pragma: no cover
         """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
         [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]
-        (compute dtype) is written.  fmap: _FMAP_*; eps: float64; chunk: tokens per fold."""
+        (compute dtype) is written.  fmap: _FMAP_*; eps: float64; chunk: tokens per fold;
+        ngroups: the heads are split into this many contiguous groups, one per parallel task,
+        each walking its heads chunk by chunk."""
         t = q.shape[0]
         nh = q.shape[1]
         cdt = q.dtype
         sdt = s_state.dtype
-        zero = cdt.type(0)
-        for h in prange(nh):
-            st = np.empty((dv, dk), sdt)  # the carried S, transposed (state dtype)
-            s0 = np.empty((dv, dk), cdt)  # st in the compute dtype, refreshed once per chunk
-            ds = np.zeros((dv, dk), cdt)  # this chunk's tokens so far: Σ v φ(k)ᵀ
-            zt = np.empty(dk, sdt)
-            dz = np.zeros(dk, cdt)
-            qc = np.empty((chunk, dk), cdt)  # φ(q), φ(k), v of the chunk, contiguous
-            kc = np.empty((chunk, dk), cdt)
-            vc = np.empty((chunk, dv), cdt)
-            oc = np.empty((chunk, dv), cdt)
-            for f in range(dk):
-                zt[f] = z_state[h, f]
-                for e in range(dv):
-                    st[e, f] = s_state[h, f, e]
-            for e in range(dv):
+        for g in prange(ngroups):
+            h0 = g * nh // ngroups
+            h1 = (g + 1) * nh // ngroups
+            nl = h1 - h0
+            st = np.empty((nl, dv, dk), sdt)  # the carried S, transposed (state dtype)
+            zt = np.empty((nl, dk), sdt)
+            s0 = np.empty((dv, dk), cdt)  # st in the compute dtype, for the current chunk
+            ds = np.zeros((dv, dk), cdt)  # the chunk's tokens so far: Σ v φ(k)ᵀ
+            zc = np.empty(dk, np.float64)
+            inv = np.empty(chunk, np.float64)
+            qc = np.empty((nl, chunk, dk), cdt)  # φ(q), φ(k), v, out of the chunk, per head
+            kc = np.empty((nl, chunk, dk), cdt)
+            vc = np.empty((nl, chunk, dv), cdt)
+            oc = np.empty((nl, chunk, dv), cdt)
+            for hl in range(nl):
                 for f in range(dk):
-                    s0[e, f] = st[e, f]
+                    zt[hl, f] = z_state[h0 + hl, f]
+                    for e in range(dv):
+                        st[hl, e, f] = s_state[h0 + hl, f, e]
             for s in range(0, t, chunk):
                 n = min(chunk, t - s)
-                map_chunk(q, s, n, h, fmap, qc)
-                map_chunk(k, s, n, h, fmap, kc)
+                load_chunk(q, s, n, h0, h1, fmap, qc)
+                load_chunk(k, s, n, h0, h1, fmap, kc)
+                load_chunk(v, s, n, h0, h1, _FMAP_IDENTITY, vc)
+                for hl in range(nl):
+                    head_chunk(
+                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv, eps
+                    )
+                m = out.shape[2]
                 for i in range(n):
-                    for e in range(dv):
-                        vc[i, e] = v[s + i, h, e]
-                for i in range(n):
-                    # the denominator in float64: O(dk) per token, against the carried z itself
-                    den = 0.0
-                    for f in range(dk):
-                        dz[f] += kc[i, f]
-                        den += np.float64(qc[i, f]) * (np.float64(zt[f]) + np.float64(dz[f]))
-                    inv = 1.0 / (den + eps)
-                    for e in range(0, dv4, 4):
-                        v0 = vc[i, e]
-                        v1 = vc[i, e + 1]
-                        v2 = vc[i, e + 2]
-                        v3 = vc[i, e + 3]
-                        a0 = zero
-                        a1 = zero
-                        a2 = zero
-                        a3 = zero
-                        for f in range(dk):
-                            kf = kc[i, f]
-                            qf = qc[i, f]
-                            x = ds[e, f] + kf * v0
-                            ds[e, f] = x
-                            a0 += qf * (s0[e, f] + x)
-                            x = ds[e + 1, f] + kf * v1
-                            ds[e + 1, f] = x
-                            a1 += qf * (s0[e + 1, f] + x)
-                            x = ds[e + 2, f] + kf * v2
-                            ds[e + 2, f] = x
-                            a2 += qf * (s0[e + 2, f] + x)
-                            x = ds[e + 3, f] + kf * v3
-                            ds[e + 3, f] = x
-                            a3 += qf * (s0[e + 3, f] + x)
-                        oc[i, e] = np.float64(a0) * inv
-                        oc[i, e + 1] = np.float64(a1) * inv
-                        oc[i, e + 2] = np.float64(a2) * inv
-                        oc[i, e + 3] = np.float64(a3) * inv
-                    for e in range(dv4, dv):
-                        ve = vc[i, e]
-                        a = zero
-                        for f in range(dk):
-                            x = ds[e, f] + kc[i, f] * ve
-                            ds[e, f] = x
-                            a += qc[i, f] * (s0[e, f] + x)
-                        oc[i, e] = np.float64(a) * inv
-                for i in range(n):
-                    for e in range(dv):
-                        out[s + i, h, e] = oc[i, e]
-                # fold the chunk into the carried state, in the state dtype
+                    for hl in range(nl):
+                        for e in range(m):
+                            out[s + i, h0 + hl, e] = oc[hl, i, e]
+            for hl in range(nl):
                 for f in range(dk):
-                    zt[f] += dz[f]
-                    dz[f] = zero
-                for e in range(dv):
-                    for f in range(dk):
-                        st[e, f] += ds[e, f]
-                        s0[e, f] = st[e, f]
-                        ds[e, f] = zero
-            for f in range(dk):
-                z_state[h, f] = zt[f]
-                for e in range(dv):
-                    s_state[h, f, e] = st[e, f]
+                    z_state[h0 + hl, f] = zt[hl, f]
+                    for e in range(dv):
+                        s_state[h0 + hl, f, e] = st[hl, e, f]
 
     return kernel
 
@@ -324,7 +363,8 @@ def numba_causal(
     out = np.empty((t, h, dv), dtype=cdt)
     c = max(1, min(int(chunk_size), t))
     parallel = h > 1 and t * h * f * dv >= _PARALLEL_MIN_WORK
-    _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c)
+    groups = min(h, numba.get_num_threads()) if parallel else 1
+    _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c, groups)
     return out, AttentionState(s_new, z_new)
 
 
