@@ -197,6 +197,7 @@ class CheckpointStore:
         self._clock = clock
         self._fs = open_storage(root)
         self._dirs_made: set[str] = set()
+        self._root_synced = False
         self._background_prune = background_prune
         self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[list[str]]] = []
@@ -222,7 +223,9 @@ class CheckpointStore:
             self._fs.makedirs(seq_dir)
             if isinstance(self._fs, LocalStorage):  # make the new folder's name durable
                 self._fs.sync_dir(self._fs.root)
-                self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")
+                if not self._root_synced:  # and the root's (makedirs may have made it): once
+                    self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")
+                    self._root_synced = True
         self._dirs_made.add(seq_dir)
 
     def _positions(self, seq_dir: str) -> list[int]:
