@@ -20,7 +20,7 @@ sequence whose chunks are small never touches them.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -77,8 +77,8 @@ class Cells:
         self.window = DigestWindow(parts[1])
         self.index = BufferIndex(parts[2] or None)
         self.outsum: bytes | None = parts[3] or None
-        self._outputs = unpack_records(parts[4])
-        self._chunks = dict(unpack_records(parts[5]))
+        # Kept packed: parsed only at a commit or a drain, not per element.
+        self._outputs, self._chunks = parts[4], parts[5]
         self.state_raw: bytes | None = bytes(rest) if rest else None
 
     def set_state(self, st: SequenceState | None) -> None:
@@ -90,8 +90,8 @@ class Cells:
             self.window.data,
             self.index.pack() if len(self.index) else b"",
             self.outsum or b"",
-            pack_records(self._outputs),
-            pack_records(sorted(self._chunks.items())),
+            self._outputs,
+            self._chunks,
         )
         head = _HEAD.pack(*(len(p) for p in parts))
         self.seq.write(b"".join((head, *parts, self.state_raw or b"")))
@@ -99,20 +99,20 @@ class Cells:
     # -- outputs since the last commit --------------------------------------------------------
     def hold_output(self, result: ChunkResult) -> None:
         rec = _RESULTS.encode(result)
-        if not self.meta.outputs_in_bag and _held(self._outputs) + len(rec) <= HOLD_BYTES:
-            self._outputs.append((int(result.index), rec))
+        if not self.meta.outputs_in_bag and len(self._outputs) + len(rec) <= HOLD_BYTES:
+            self._outputs += pack_records([(int(result.index), rec)])
         else:
             self.outbuf.add(result)
             self.meta.outputs_in_bag = True
 
     def held_outputs(self) -> list[ChunkResult]:
-        results = [_RESULTS.decode(r) for _, r in self._outputs]
+        results = [_RESULTS.decode(r) for _, r in unpack_records(self._outputs)]
         if self.meta.outputs_in_bag:
             results.extend(self.outbuf.read())
         return results
 
     def clear_outputs(self) -> None:
-        self._outputs = []
+        self._outputs = b""
         if self.meta.outputs_in_bag:
             self.outbuf.clear()
             self.meta.outputs_in_bag = False
@@ -120,8 +120,8 @@ class Cells:
     # -- chunks waiting for their predecessors ------------------------------------------------
     def hold_chunk(self, chunk: Chunk) -> None:
         rec = _CHUNKS.encode(chunk)
-        if _held(self._chunks.items()) + len(rec) <= HOLD_BYTES:
-            self._chunks[int(chunk.index)] = rec
+        if len(self._chunks) + len(rec) <= HOLD_BYTES:
+            self._chunks += pack_records([(int(chunk.index), rec)])
         else:
             self.buffer.add(chunk)
             self.meta.chunks_in_bag = True
@@ -129,7 +129,7 @@ class Cells:
     def held_chunks(self, want: range, limit: int) -> dict[int, Chunk]:
         """The buffered chunks of ``want``: those held in the cell, then (only if one is missing
         and the bag holds chunks) those read from the bag while under ``limit`` bytes."""
-        got = {i: _CHUNKS.decode(self._chunks[i]) for i in want if i in self._chunks}
+        got = {i: _CHUNKS.decode(r) for i, r in unpack_records(self._chunks) if i in want}
         if self.meta.chunks_in_bag and len(got) < len(want):
             held = sum(_nbytes(c.data) for c in got.values())
             for c in self.buffer.read():
@@ -142,14 +142,14 @@ class Cells:
     def drop_chunks_below(self, index: int) -> None:
         """Forget buffered chunks below ``index`` (applied, or refused with the index)."""
         self.index.drop_below(index)
-        self._chunks = {i: r for i, r in self._chunks.items() if i >= index}
+        self._keep_chunks(lambda i: i >= index)
         self.meta.n_buffered = len(self.index)
         if not len(self.index):
             self.clear_chunks()
 
     def clear_chunks(self) -> None:
         self.index.rows = self.index.rows[:0]
-        self._chunks = {}
+        self._chunks = b""
         if self.meta.chunks_in_bag:
             self.buffer.clear()
             self.meta.chunks_in_bag = False
@@ -158,12 +158,12 @@ class Cells:
     def keep_chunks_through(self, index: int) -> None:
         """Forget buffered chunks above ``index`` (the final chunk)."""
         self.index.rows = self.index.rows[self.index.rows["index"] <= index]
-        self._chunks = {i: r for i, r in self._chunks.items() if i <= index}
+        self._keep_chunks(lambda i: i <= index)
         self.meta.n_buffered = len(self.index)
 
-
-def _held(records: Iterable[tuple[int, bytes]]) -> int:
-    return sum(len(r) + _REC.size for _, r in records)
+    def _keep_chunks(self, keep: Callable[[int], bool]) -> None:
+        if self._chunks:
+            self._chunks = pack_records((i, r) for i, r in unpack_records(self._chunks) if keep(i))
 
 
 def _nbytes(data: Any) -> int:

@@ -15,8 +15,10 @@ each bundle (`flush`), so a bundle that succeeds has published every span it com
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from linstream.state import (
     CheckpointError,
@@ -76,6 +78,12 @@ class Commits:
         if self._publisher is None:
             self._publisher = ThreadPoolExecutor(1, thread_name_prefix="linstream-publish")
         self._publishing[seq_id] = self._publisher.submit(self.spans.publish, span)
+
+    def _discard(self, span: OutputSpan | None, writing: Any) -> None:
+        """A span whose commit did not happen (or was another writer's): its file goes."""
+        _join_quietly(writing)
+        if span is not None and self.spans is not None:
+            self.spans.discard(span)
 
     def _published(self, seq_id: str) -> None:
         """The sequence's previous span is published (raises its error)."""
@@ -146,11 +154,11 @@ class Commits:
         if meta.committed_next == st.next_chunk:
             return st, None
         self._published(seq_id)
-        span = None
+        span = writing = None
         if self.spans is not None:
             results = cells.held_outputs()
-            if results:
-                span = self.spans.write_pending(seq_id, results)
+            if results:  # written while the commit's own files are (the commit waits for it)
+                span, writing = self.spans.write_pending_async(seq_id, results)
         history = History(
             meta.commit_no + 1,
             meta.committed_position,
@@ -160,20 +168,23 @@ class Commits:
             (cells.outsum or b"") if self.emit == "sequence" else b"",
         )
         try:
-            outcome = self.store.commit(st, history)
+            outcome = self.store.commit(
+                st, history, ready=None if writing is None else writing.result
+            )
         except DivergentStateError as ex:  # another job advanced it, or another model's state
-            if span is not None:
-                self.spans.discard(span)  # type: ignore[union-attr]
+            self._discard(span, writing)
             meta.fenced = True
             return st, ex
+        except BaseException:
+            _join_quietly(writing)  # the pending file stays an orphan, as after a crash
+            raise
         self.m.commits.inc()
         if outcome == CommitOutcome.COMMITTED:
-            if span is not None:
+            if span is not None:  # its write is durable: the commit waited for it
                 self._publish_later(seq_id, span)
         else:
             # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
-            if span is not None:
-                self.spans.discard(span)  # type: ignore[union-attr]
+            self._discard(span, writing)
             kept = self.store.read_chain(seq_id, history.commit, fingerprint=self.step.fingerprint)
             self.finalize_outputs(kept.history)
             if outcome == CommitOutcome.DUPLICATE:
@@ -185,3 +196,10 @@ class Commits:
         meta.committed_position = st.position
         cells.clear_outputs()
         return st, None
+
+
+def _join_quietly(writing: Any) -> None:
+    """Wait for a span's write, whose file is not used (its error does not matter)."""
+    if writing is not None:
+        with contextlib.suppress(Exception):
+            writing.result()
