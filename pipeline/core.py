@@ -1,16 +1,11 @@
 """The stateful stage shared by every transform: order chunks, carry the state, checkpoint it.
 
-Per sequence id (the key) Beam holds:
-  * `seq`     — one read-modify-write cell (explicit bytes coder) with three parts: a few
-    integers (ordering.Meta: final chunk, last commit's number, chunk and position, buffered
-    count, flags for evicted / seen / fenced, the idle timer), the content digests of the
-    newest applied chunks (ordering.DigestWindow), and the SequenceState's working copy
-    (state/compact.py, not the Arrow checkpoint codec).  One cell, written once per element:
-    the runner's state cache sizes every value it holds, per cell;
-  * `bufidx`  — numbers and digests of the chunks waiting in `buffer` (ordering.BufferIndex);
-  * `buffer`  — chunks that arrived before their predecessors (bag; read only to drain);
-  * `outbuf`  — results since the last commit, when the commits write the outputs (bag);
-  * `outsum`  — with emit="sequence": the float64 sum of the per-token outputs so far.
+Per sequence id (the key) Beam holds one read-modify-write cell, `seq`, read and written once
+per element (cells.py: the meta record, the digests of the newest applied chunks, the index of
+buffered chunks, the working copy of the state, and while they are small the outputs since the
+last commit and the buffered chunks themselves), and two bags for buffered chunks and held
+outputs that do not fit in it (`buffer`, `outbuf`; read only when the meta record says they
+hold something).
 Chunk i is applied only after 0..i-1.  Every `checkpoint_every` chunks and at the final chunk the
 state is committed to the CheckpointStore as the next commit of the sequence's chain, together
 with the output span of the chunks it covers (spans.py) when `output_dir` is set.  An event-time
@@ -21,8 +16,6 @@ uncommitted and clears the Beam state; the sequence is restored from the store w
 
 from __future__ import annotations
 
-import logging
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,18 +30,11 @@ from apache_beam.transforms.userstate import (
     on_timer,
 )
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
-from linstream.state import (
-    CheckpointError,
-    CheckpointStore,
-    CommitOutcome,
-    DivergentStateError,
-    History,
-    SequenceState,
-    pack_state,
-    unpack_state,
-)
+from linstream.state import CheckpointError, CheckpointStore, SequenceState, unpack_state
 
 from .apply import Applied, Applier, Counters, is_int
+from .cells import Cells
+from .commits import Commits
 from .elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder, DeadLetter
 from .ordering import BufferIndex, DigestWindow, Meta, chunk_digest
 from .progress import Progress
@@ -65,17 +51,13 @@ NAMESPACE = "linstream"
 #: Chunks read from the bag into memory at once while draining (payload bytes bound it too).
 DRAIN_BYTES = 64 << 20
 
-_log = logging.getLogger(__name__)
-
 
 class SequenceDoFn(beam.DoFn):
     """Stateful DoFn over (seq_id, Chunk): emits ChunkResult, and DeadLetter on `dead_letters`."""
 
     SEQ = ReadModifyWriteStateSpec("seq", BytesCoder())
-    BUFIDX = ReadModifyWriteStateSpec("bufidx", BytesCoder())
     BUFFER = BagStateSpec("buffer", ChunkCoder())
     OUTBUF = BagStateSpec("outbuf", ChunkResultCoder())
-    OUTSUM = ReadModifyWriteStateSpec("outsum", BytesCoder())
     IDLE = TimerSpec("idle", TimeDomain.WATERMARK)
 
     def __init__(
@@ -134,18 +116,27 @@ class SequenceDoFn(beam.DoFn):
         self.block_tokens = int(block_tokens)
         self.total_tokens = total_tokens  # for the progress line's ETA, when known
         self._store: CheckpointStore | None = None
-        self._spans: SpanWriter | None = None
+        self._commits: Commits | None = None
         self._m: Counters | None = None
         self._applier: Applier | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self) -> None:
         self.step.setup()
+        self._m = Counters(NAMESPACE)
         if self.checkpoint_dir:
             self._store = CheckpointStore(self.checkpoint_dir, keep=self.checkpoint_keep)
-        if self.output_dir:
-            self._spans = SpanWriter(self.output_dir, per_token=self.emit == "tokens")
-        self._m = Counters(NAMESPACE)
+            spans = None
+            if self.output_dir:
+                spans = SpanWriter(self.output_dir, per_token=self.emit == "tokens")
+            self._commits = Commits(
+                self._store,
+                spans,
+                self.step,
+                self._m,
+                emit=self.emit,
+                restore_fallback=self.restore_fallback,
+            )
 
     @property
     def m(self) -> Counters:
@@ -166,9 +157,17 @@ class SequenceDoFn(beam.DoFn):
             )
         return self._applier
 
+    def finish_bundle(self) -> None:
+        if self._commits is not None:
+            self._commits.flush()  # every span this bundle committed is published
+
     def teardown(self) -> None:
-        if self._store is not None:
-            self._store.close()
+        try:
+            if self._commits is not None:
+                self._commits.close()
+        finally:
+            if self._store is not None:
+                self._store.close()
 
     # -- helpers ----------------------------------------------------------------------------
     def _dead(self, seq_id: str, index: Any, reason: str, message: str) -> beam.pvalue.TaggedOutput:
@@ -179,117 +178,34 @@ class SequenceDoFn(beam.DoFn):
         text = f"sequence {seq_id!r}, chunk {index!r}: {message}"
         return beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(seq_id, idx, reason, text))
 
-    def _restore(self, seq_id: str, data: Any, meta: Meta, cells: _Cells) -> SequenceState | None:
-        """Restore from the store (first sight with resume, or after eviction)."""
-        assert self._store is not None
-        head = self._store.head(
-            seq_id,
-            fingerprint=self.step.fingerprint,
-            fallback=self.restore_fallback,
-            expected_shape=self.step.state_shape(data),
-        )
-        if head is not None and meta.evicted and head.newest_commit != meta.commit_no:
-            msg = (
-                f"sequence {seq_id!r} was evicted after its commit {meta.commit_no}, but the "
-                f"newest commit in {self.checkpoint_dir!r} is {head.history.commit}: another job "
-                "advanced it (one writer per sequence history)"
-            )
-            raise CheckpointError(msg)
-        if head is None:
-            if meta.evicted:
-                msg = (
-                    f"sequence {seq_id!r} was evicted to the checkpoint store "
-                    f"{self.checkpoint_dir!r}, but no checkpoint of it could be restored"
-                )
-                raise CheckpointError(msg)
-            return None
-        self._finalize_outputs(head.history)
-        if self._spans is not None:
-            self._spans.remove_orphans(seq_id)
-            for _path, skipped in head.skipped:  # rolled back: their chunks are applied again
-                if skipped is not None and skipped.history and skipped.history.outputs:
-                    self._spans.remove_published(skipped.history.outputs)
-        st = head.state
-        # After a fallback the next commit goes above the unreadable ones (newest_commit).
-        meta.commit_no = max(head.history.commit, head.newest_commit)
-        meta.committed_next = st.next_chunk
-        meta.committed_position = st.position
-        meta.final_index = head.history.final_chunk
-        cells.window = DigestWindow(head.history.digests)
-        if head.history.output_sum:
-            cells.outsum.write(head.history.output_sum)
-        self.m.restores.inc()
-        return st
-
-    def _finalize_outputs(self, history: History) -> None:
-        """Roll a commit's output span forward (publish it if a crash stopped that)."""
-        if self._spans is None or history.outputs is None:
-            return
-        if not self._spans.publish(history.outputs):
-            self.m.outputs_missing.inc()
-            _log.warning(
-                "the outputs of commit %d (%s) are missing: neither the file nor its pending "
-                "copy holds them",
-                history.commit,
-                history.outputs.file,
-            )
-
     def _commit(
-        self, seq_id: str, st: SequenceState, meta: Meta, cells: _Cells
+        self, seq_id: str, st: SequenceState, meta: Meta, cells: Cells
     ) -> Iterator[beam.pvalue.TaggedOutput | SequenceState]:
         """Commit ``st`` (and its output span); yields dead letters, then the state to go on."""
-        if self._store is None or meta.committed_next == st.next_chunk:
+        if self._commits is None:
             yield st
             return
-        span = None
-        if self._spans is not None:
-            results = list(cells.outbuf.read())
-            if results:
-                span = self._spans.write_pending(seq_id, results)
-        history = History(
-            meta.commit_no + 1,
-            meta.committed_position,
-            meta.final_index if 0 <= meta.final_index < st.next_chunk else -1,
-            cells.window.data,
-            span,
-            (cells.outsum.read() or b"") if self.emit == "sequence" else b"",
-        )
-        try:
-            outcome = self._store.commit(st, history)
-        except DivergentStateError as ex:  # another job advanced it, or another model's state
-            if span is not None:
-                self._spans.discard(span)  # type: ignore[union-attr]
-            meta.fenced = True
-            first = max(meta.committed_next, 0)
+        first = max(meta.committed_next, 0)
+        st, refused = self._commits.commit(seq_id, st, meta, cells)
+        if refused is not None:
             for i in range(first, st.next_chunk):
                 yield self._dead(
                     seq_id,
                     i,
                     "fenced",
-                    f"{ex}; this job's output for the chunk is not kept. Resume with "
+                    f"{refused}; this job's output for the chunk is not kept. Resume with "
                     "--resume after the other job ends, or use a fresh checkpoint folder",
                 )
-            yield st
-            return
-        self.m.commits.inc()
-        if outcome == CommitOutcome.COMMITTED:
-            if span is not None:
-                self._spans.publish(span)  # type: ignore[union-attr]
-        else:
-            # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
-            if span is not None:
-                self._spans.discard(span)  # type: ignore[union-attr]
-            kept = self._store.read_chain(seq_id, history.commit, fingerprint=self.step.fingerprint)
-            self._finalize_outputs(kept.history)
-            if outcome == CommitOutcome.DUPLICATE:
-                self.m.commit_duplicates.inc()
-            else:
-                self.m.commit_equal_within_tolerance.inc()
-                st = kept.state
-        meta.commit_no, meta.committed_next = history.commit, st.next_chunk
-        meta.committed_position = st.position
-        cells.outbuf.clear()
         yield st
+
+    def _evict(self, meta: Meta, cells: Cells) -> None:
+        """Clear the Beam state of a committed sequence (restored from the store if it returns)."""
+        cells.set_state(None)
+        cells.window = DigestWindow(None)
+        cells.clear_outputs()
+        cells.outsum = None
+        meta.evicted = True
+        self.m.evictions.inc()
 
     def _set_timer(self, timer: Any, meta: Meta, ts: Timestamp) -> None:
         target = ts + Duration.of(self.idle_timeout) if ts < MAX_TIMESTAMP else MAX_TIMESTAMP
@@ -306,10 +222,8 @@ class SequenceDoFn(beam.DoFn):
         element: tuple[str, Chunk],
         ts: Any = beam.DoFn.TimestampParam,
         seq: Any = beam.DoFn.StateParam(SEQ),  # noqa: B008
-        bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
-        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
         idle: Any = beam.DoFn.TimerParam(IDLE),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id, chunk = element
@@ -330,7 +244,7 @@ class SequenceDoFn(beam.DoFn):
         digest = chunk_digest(data, chunk.final)
 
         # 2. Where the sequence stands.
-        cells = _Cells(seq, bufidx, buffer, outbuf, outsum)
+        cells = Cells(seq, buffer, outbuf)
         meta = cells.meta
         if meta.fenced:
             yield self._dead(
@@ -342,8 +256,8 @@ class SequenceDoFn(beam.DoFn):
         try:
             if raw is not None:
                 st = unpack_state(raw, expected_fingerprint=self.step.fingerprint)
-            elif self._store is not None and (meta.evicted or (self.resume and not meta.seen)):
-                st = self._restore(seq_id, data, meta, cells)
+            elif self._commits is not None and (meta.evicted or (self.resume and not meta.seen)):
+                st = self._commits.restore(seq_id, data, meta, cells)
                 if st is not None:
                     cells.set_state(st)  # restore once per return of the sequence
             else:
@@ -368,7 +282,7 @@ class SequenceDoFn(beam.DoFn):
         digest: bytes,
         st: SequenceState | None,
         meta: Meta,
-        cells: _Cells,
+        cells: Cells,
     ) -> Iterator[Any]:
         """Drop, buffer or apply one valid chunk."""
         next_chunk = 0 if st is None else st.next_chunk
@@ -403,7 +317,7 @@ class SequenceDoFn(beam.DoFn):
                     "chunks are buffered ahead of it)",
                 )
                 return
-            cells.buffer.add(Chunk(seq_id, idx, data, final))
+            cells.hold_chunk(Chunk(seq_id, idx, data, final))
             if not len(index):
                 self.m.gaps.inc()  # a gap opened: chunk `next_chunk` is missing for now
             index.add(idx, digest)
@@ -413,9 +327,7 @@ class SequenceDoFn(beam.DoFn):
                 meta.final_index = idx
                 for late in index.above(idx):
                     yield self._after_final(seq_id, int(late), idx)
-                index.rows = index.rows[index.rows["index"] <= idx]
-                meta.n_buffered = len(index)
-            cells.save_index()
+                cells.keep_chunks_through(idx)
             return
         # In order: apply it, then whatever the buffer holds right behind it.
         yield from self._apply_run(seq_id, [(idx, data, final, digest)], st, meta, cells)
@@ -442,7 +354,7 @@ class SequenceDoFn(beam.DoFn):
         ready: list[tuple[int, Any, bool, bytes]],
         st: SequenceState | None,
         meta: Meta,
-        cells: _Cells,
+        cells: Cells,
     ) -> Iterator[Any]:
         """Apply ``ready`` and every buffered chunk behind it, in bounded batches."""
         changed = False
@@ -457,8 +369,8 @@ class SequenceDoFn(beam.DoFn):
                 st, changed = done.state, True
                 result = self._emitted(done.result, st, cfinal, cells)
                 if result is not None:
-                    if self._spans is not None:
-                        cells.outbuf.add(result)
+                    if self.output_dir:
+                        cells.hold_output(result)
                     yield result
                 cells.window.push(cdigest)
                 if cfinal:
@@ -476,53 +388,44 @@ class SequenceDoFn(beam.DoFn):
                 if cfinal:  # nothing after the final chunk is applied
                     for late in index.above(cidx):
                         yield self._after_final(seq_id, int(late), cidx)
-                    index.rows = index.rows[:0]
+                    cells.clear_chunks()
                     ready = []
                     break
             else:
                 ready = self._next_batch(st, index, cells) if st is not None and len(index) else []
         if meta.n_buffered:
-            index.drop_below(0 if st is None else st.next_chunk)
-            if not len(index):
-                cells.buffer.clear()
+            cells.drop_chunks_below(0 if st is None else st.next_chunk)
             meta.n_buffered = len(index)
-            cells.save_index()
         if changed and st is not None:
             cells.set_state(st)
 
     def _emitted(
-        self, result: ChunkResult, st: SequenceState, final: bool, cells: _Cells
+        self, result: ChunkResult, st: SequenceState, final: bool, cells: Cells
     ) -> ChunkResult | None:
         """The chunk's result, or with emit="sequence" the running sum (and at the final chunk
         the sequence's mean over all its tokens, as its one result)."""
         if self.emit != "sequence":
             return result
-        raw = cells.outsum.read()
+        raw = cells.outsum
         total = (
             result.output
             if raw is None
             else np.frombuffer(raw, "<f8").reshape(result.output.shape) + result.output
         )
-        cells.outsum.write(np.ascontiguousarray(total, "<f8").tobytes())
+        cells.outsum = np.ascontiguousarray(total, "<f8").tobytes()
         if not final:
             return None
         return ChunkResult(st.seq_id, result.index, 0, (total / st.position).astype(np.float32))
 
     def _next_batch(
-        self, st: SequenceState, index: BufferIndex, cells: _Cells
+        self, st: SequenceState, index: BufferIndex, cells: Cells
     ) -> list[tuple[int, Any, bool, bytes]]:
-        """The buffered chunks right behind ``st`` (one pass over the bag, bounded in bytes)."""
+        """The buffered chunks right behind ``st`` (bounded in bytes when read from the bag)."""
         run = index.run_from(st.next_chunk)
         if not run:
             return []
         want = range(st.next_chunk, st.next_chunk + run)
-        got: dict[int, Chunk] = {}
-        held = 0
-        for c in cells.buffer.read():
-            i = int(c.index)
-            if i in want and i not in got and (held < DRAIN_BYTES or i == st.next_chunk):
-                got[i] = c
-                held += _nbytes(c.data)
+        got = cells.held_chunks(want, DRAIN_BYTES)
         batch = []
         for i in want:
             c = got.get(i)
@@ -531,7 +434,7 @@ class SequenceDoFn(beam.DoFn):
             digest = index.find(i)
             assert digest is not None  # the run was read from the index
             batch.append((i, c.data, c.final, digest))
-        index.drop_below(st.next_chunk + len(batch))
+        cells.drop_chunks_below(st.next_chunk + len(batch))
         return batch
 
     def _after_final(self, seq_id: str, idx: int, final_index: int) -> Any:
@@ -545,13 +448,11 @@ class SequenceDoFn(beam.DoFn):
         self,
         key: Any = beam.DoFn.KeyParam,
         seq: Any = beam.DoFn.StateParam(SEQ),  # noqa: B008
-        bufidx: Any = beam.DoFn.StateParam(BUFIDX),  # noqa: B008
         buffer: Any = beam.DoFn.StateParam(BUFFER),  # noqa: B008
         outbuf: Any = beam.DoFn.StateParam(OUTBUF),  # noqa: B008
-        outsum: Any = beam.DoFn.StateParam(OUTSUM),  # noqa: B008
     ) -> Iterator[Any]:
         seq_id = str(key)
-        cells = _Cells(seq, bufidx, buffer, outbuf, outsum)
+        cells = Cells(seq, buffer, outbuf)
         meta = cells.meta
         raw = cells.state_raw
         st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
@@ -565,75 +466,12 @@ class SequenceDoFn(beam.DoFn):
                     f"waited for chunk {next_chunk}, which did not arrive before the sequence "
                     f"went idle; resend chunks from {next_chunk} on to continue it",
                 )
-            buffer.clear()
-            bufidx.clear()
-            meta.n_buffered = 0
-        if st is not None and self._store is not None and not meta.fenced:
+            cells.clear_chunks()
+        if st is not None and self._commits is not None and not meta.fenced:
             for item in self._commit(seq_id, st, meta, cells):
                 if not isinstance(item, SequenceState):
                     yield item
-            cells.set_state(None)
-            cells.window = DigestWindow(None)
-            outbuf.clear()
-            outsum.clear()
+            self._evict(meta, cells)
             meta.evicted = not meta.fenced
-            self.m.evictions.inc()
         meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
         cells.flush()
-
-
-class _Cells:
-    """A key's state cells; the `seq` cell is decoded once per element and written once."""
-
-    def __init__(self, seq: Any, bufidx: Any, buffer: Any, outbuf: Any, outsum: Any) -> None:
-        self.seq, self.bufidx = seq, bufidx
-        self.buffer, self.outbuf, self.outsum = buffer, outbuf, outsum
-        self.meta, self.window, self.state_raw = _unpack_seq(seq.read())
-        self._index: BufferIndex | None = None
-
-    def set_state(self, st: SequenceState | None) -> None:
-        self.state_raw = None if st is None else pack_state(st)
-
-    def flush(self) -> None:
-        self.seq.write(_pack_seq(self.meta, self.window, self.state_raw))
-
-    @property
-    def index(self) -> BufferIndex:
-        if self._index is None:
-            # Nothing is buffered (the common case): no need to read the cell.
-            self._index = BufferIndex(self.bufidx.read() if self.meta.n_buffered else None)
-        return self._index
-
-    def save_index(self) -> None:
-        if self._index is not None:
-            if len(self._index):
-                self.bufidx.write(self._index.pack())
-            else:
-                self.bufidx.clear()
-
-
-_SEQ_HEAD = struct.Struct("<II")  # bytes of the meta record, bytes of the digests
-
-
-def _pack_seq(meta: Meta, window: DigestWindow, state_raw: bytes | None) -> bytes:
-    head = meta.pack()
-    return b"".join(
-        (_SEQ_HEAD.pack(len(head), len(window.data)), head, window.data, state_raw or b"")
-    )
-
-
-def _unpack_seq(raw: bytes | None) -> tuple[Meta, DigestWindow, bytes | None]:
-    if not raw:
-        return Meta(None), DigestWindow(None), None
-    n_meta, n_dig = _SEQ_HEAD.unpack_from(raw)
-    off = _SEQ_HEAD.size
-    meta = Meta(raw[off : off + n_meta])
-    window = DigestWindow(raw[off + n_meta : off + n_meta + n_dig])
-    rest = raw[off + n_meta + n_dig :]
-    return meta, window, (bytes(rest) if rest else None)
-
-
-def _nbytes(data: Any) -> int:
-    if isinstance(data, dict):
-        return sum(int(np.asarray(v).nbytes) for v in data.values())
-    return int(np.asarray(data).nbytes)

@@ -22,13 +22,14 @@ __all__ = ["BufferIndex", "DigestWindow", "Meta", "chunk_digest"]
 # final_index, committed_next, n_buffered, flags, timer target (micros), commit number,
 # position of the last commit
 _META = struct.Struct("<qqqBqqq")
-_EVICTED, _SEEN, _FENCED = 1, 2, 4
+_EVICTED, _SEEN, _FENCED, _OUTPUTS_IN_BAG, _CHUNKS_IN_BAG = 1, 2, 4, 8, 16
 
 
 class Meta:
     """Per-sequence bookkeeping (one small state cell)."""
 
     __slots__ = (
+        "chunks_in_bag",
         "commit_no",
         "committed_next",
         "committed_position",
@@ -36,6 +37,7 @@ class Meta:
         "fenced",
         "final_index",
         "n_buffered",
+        "outputs_in_bag",
         "seen",
         "timer_micros",
     )
@@ -51,6 +53,9 @@ class Meta:
             bool(fl & _SEEN),
             bool(fl & _FENCED),
         )
+        # Whether the `outbuf` / `buffer` bags hold anything (else they are never read).
+        self.outputs_in_bag = bool(fl & _OUTPUTS_IN_BAG)
+        self.chunks_in_bag = bool(fl & _CHUNKS_IN_BAG)
         self.timer_micros, self.commit_no, self.committed_position = tm, no, cp
 
     def pack(self) -> bytes:
@@ -58,6 +63,8 @@ class Meta:
             (_EVICTED if self.evicted else 0)
             | (_SEEN if self.seen else 0)
             | (_FENCED if self.fenced else 0)
+            | (_OUTPUTS_IN_BAG if self.outputs_in_bag else 0)
+            | (_CHUNKS_IN_BAG if self.chunks_in_bag else 0)
         )
         return _META.pack(
             self.final_index,

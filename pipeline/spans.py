@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from linstream.state import OutputSpan
-from linstream.state.filesystems import FsspecStorage, LocalStorage, open_storage
+from linstream.state.filesystems import FsspecStorage, LocalStorage, in_thread, open_storage
 from linstream.state.paths import encode_seq_dir
 
 from .elements import ChunkResult
@@ -95,6 +95,15 @@ class SpanWriter:
     # -- the commit protocol --------------------------------------------------------------
     def write_pending(self, seq_id: str, results: list[ChunkResult]) -> OutputSpan:
         """Step 1: the span of ``results`` (sorted, contiguous chunks) under a hidden name."""
+        span, writing = self.write_pending_async(seq_id, results)
+        writing.result()
+        return span
+
+    def write_pending_async(
+        self, seq_id: str, results: list[ChunkResult]
+    ) -> tuple[OutputSpan, Any]:
+        """`write_pending`, with the file written and made durable in a thread: the span, and
+        the write (its ``result()`` returns once the file is durable, or raises)."""
         results = sorted(results, key=lambda r: int(r.index))
         first, end = int(results[0].index), int(results[-1].index) + 1
         if end - first != len(results):
@@ -108,11 +117,12 @@ class SpanWriter:
         if folder not in self._made:
             self._fs.makedirs(folder)
             self._made.add(folder)
-        self._fs.write_immutable(pending, data)
+        writing = in_thread(self._fs.write_immutable, pending, data)
         sha = hashlib.sha256(data).hexdigest()
-        return OutputSpan(
+        span = OutputSpan(
             self._url(final), self._url(pending), first, end, len(results), data.size, sha
         )
+        return span, writing
 
     def publish(self, span: OutputSpan) -> bool:
         """Step 3 (and the roll-forward): the final file exists with the span's bytes, the

@@ -54,7 +54,9 @@ class Storage(Protocol):
     def size(self, path: str) -> int: ...
     def write_immutable(self, path: str, data: Any) -> None: ...
     def create_exclusive(self, path: str, data: bytes) -> bool: ...
-    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool: ...
+    def commit_files(
+        self, data: Any, manifest_path: str, prepare: Prepare, ready: Ready | None = None
+    ) -> bool: ...
     def remove(self, path: str) -> None: ...
     def mtime(self, path: str) -> float | None: ...
     def is_dir(self, path: str) -> bool: ...
@@ -62,6 +64,8 @@ class Storage(Protocol):
 
 #: ``prepare(sha256 of data) -> (data file path, manifest bytes)``, called once per commit.
 Prepare = Callable[[str], tuple[str, bytes]]
+#: ``ready()``: returns once what the manifest names besides the data is durable (or raises).
+Ready = Callable[[], object]
 
 
 def _tmp_name(path: str) -> str:
@@ -246,7 +250,9 @@ class LocalStorage:
         self.sync_dir(path.rpartition("/")[0])
         return True
 
-    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:
+    def commit_files(
+        self, data: Any, manifest_path: str, prepare: Prepare, ready: Ready | None = None
+    ) -> bool:
         """Data file, then manifest (create-if-absent); False when the manifest existed.
 
         The data goes to a temporary file, fsynced in a thread while this thread hashes the
@@ -257,16 +263,24 @@ class LocalStorage:
         two links in order; elsewhere a crash inside that last fsync may leave a manifest whose
         data file is missing: restore reports it as corrupt and a retried commit of the same
         state repairs it (the data file is content-addressed).  A manifest is never visible
-        half-written.
+        half-written.  ``ready`` (another file the manifest names, written meanwhile) is
+        waited for before either name is linked.
         """
         pending = self.write_tmp_async(manifest_path, data)
         manifest_tmp = None
         try:
             data_path, manifest = prepare(hashlib.sha256(data).hexdigest())
             manifest_tmp = self._write_tmp(manifest_path, manifest)
+            if ready is not None:
+                ready()
+        except BaseException:
+            if manifest_tmp is not None:
+                os.unlink(manifest_tmp)
+                manifest_tmp = None
+            raise
         finally:
             data_tmp = pending.result()
-            if manifest_tmp is None:  # prepare or the manifest write failed
+            if manifest_tmp is None:  # prepare, the manifest write or ``ready`` failed
                 os.unlink(data_tmp)
         try:
             self.publish_immutable(data_tmp, data_path, data)
@@ -470,10 +484,14 @@ class FsspecStorage:
             raise UnsafeStorageError(msg) from ex
         return True
 
-    def commit_files(self, data: Any, manifest_path: str, prepare: Prepare) -> bool:
+    def commit_files(
+        self, data: Any, manifest_path: str, prepare: Prepare, ready: Ready | None = None
+    ) -> bool:
         """Data object first, then the manifest with an exclusive create (the commit)."""
         data_path, manifest = prepare(hashlib.sha256(data).hexdigest())
         self.write_immutable(data_path, data)
+        if ready is not None:
+            ready()
         return self.create_exclusive(manifest_path, manifest)
 
     def remove(self, path: str) -> None:

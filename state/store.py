@@ -82,6 +82,7 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         self._clock = clock
         self._fs = open_storage(root)
         self._dirs_made: set[str] = set()
+        self._root_synced = False
         self._background_prune = background_prune
         self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[list[str]]] = []
@@ -97,7 +98,13 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
 
     # --- commit --------------------------------------------------------------------------------
 
-    def commit(self, st: SequenceState, history: History | None = None) -> CommitOutcome:
+    def commit(
+        self,
+        st: SequenceState,
+        history: History | None = None,
+        *,
+        ready: Callable[[], object] | None = None,
+    ) -> CommitOutcome:
         """Commit ``st`` durably as commit ``history.commit`` of its chain; see the module
         docstring for the outcomes.
 
@@ -106,7 +113,9 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
         nothing written), ``SupersededError`` (the commit number holds another history),
         ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
-        (the commit already there cannot be read to compare).
+        (the commit already there cannot be read to compare).  ``ready``, when given, returns
+        once the other files the history names (its output span) are durable; it is called
+        before the commit is created, so their writing overlaps this commit's own.
         """
         if not isinstance(st, SequenceState):
             msg = f"commit: expected a SequenceState, received {type(st).__name__}"
@@ -155,7 +164,12 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         existing = self._read_manifest_if_any(mpath, None)
         if existing is None:
             self._ensure_dir(seq_dir)
-            if self._fs.commit_files(buf, mpath, prepare):
+            made_it = (
+                self._fs.commit_files(buf, mpath, prepare)
+                if ready is None
+                else self._fs.commit_files(buf, mpath, prepare, ready)
+            )
+            if made_it:
                 self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
                 self._count(CommitOutcome.COMMITTED, st)
                 self._schedule_prune(seq_dir)

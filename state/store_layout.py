@@ -29,6 +29,7 @@ class StoreLayout:
     keep: int
     _fs: LocalStorage | FsspecStorage
     _dirs_made: set[str]
+    _root_synced: bool
 
     def _seq_dir(self, seq_id: str) -> str:
         return self._fs.join(encode_seq_dir(seq_id))
@@ -40,7 +41,9 @@ class StoreLayout:
             self._fs.makedirs(seq_dir)
             if isinstance(self._fs, LocalStorage):  # make the new folder's name durable
                 self._fs.sync_dir(self._fs.root)
-                self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")
+                if not self._root_synced:  # and the root's (makedirs may have made it): once
+                    self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")
+                    self._root_synced = True
         self._dirs_made.add(seq_dir)
 
     def _positions(self, seq_dir: str) -> list[int]:

@@ -55,11 +55,11 @@ class _Key:
             RawAttentionStep(backend="numpy"), checkpoint_dir=checkpoint_dir, checkpoint_every=4
         )
         self.fn.setup()
-        self.seq, self.bufidx, self.outsum = _Cell(), _Cell(), _Cell()
+        self.seq = _Cell()
         self.buffer, self.outbuf, self.timer = _Bag(), _Bag(), _Timer()
 
     def _cells(self) -> tuple:
-        return (self.seq, self.bufidx, self.buffer, self.outbuf, self.outsum)
+        return (self.seq, self.buffer, self.outbuf)
 
     def send(self, index: int, data: dict) -> list:
         element = ("s", Chunk("s", index, data))
