@@ -126,21 +126,33 @@ class SpanWriter:
 
     def publish(self, span: OutputSpan) -> bool:
         """Step 3 (and the roll-forward): the final file exists with the span's bytes, the
-        pending one is gone.  False when neither holds the span (outputs lost by hand)."""
+        pending one is gone.  False when neither holds the span (outputs lost by hand).
+
+        Safe against another job publishing the same span at the same time (a resumed job
+        rolling this commit forward while its own job still publishes it): the final name is
+        only ever replaced atomically by a file with the span's bytes, never removed first."""
         fs, final = _storage_of(span.file)
         _, pending = _storage_of(span.pending)
         if _has_bytes(fs, final, span):
             fs.remove(pending)
             return True
         if not _has_bytes(fs, pending, span):
-            return False
-        if isinstance(fs, LocalStorage):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(final)  # a damaged or foreign file under the final name
-            os.link(pending, final)
-            fs.sync_dir(final.rpartition("/")[0])
-        else:
-            fs.fs.copy(pending, final)
+            return _has_bytes(fs, final, span)  # or another job published it meanwhile
+        try:
+            if isinstance(fs, LocalStorage):
+                # A private hard link first: the bytes stay ours if the pending name goes.
+                tmp = f"{pending}.{uuid.uuid4().hex[:12]}"
+                os.link(pending, tmp)
+                os.replace(tmp, final)  # atomic; replaces a damaged or foreign file
+                # rename() does nothing when both names are links to one file already (another
+                # job published it from the same pending file): the private link goes then.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                fs.sync_dir(final.rpartition("/")[0])
+            else:
+                fs.fs.copy(pending, final)  # one object: whole or absent
+        except FileNotFoundError:  # another job moved the pending file on
+            return _has_bytes(fs, final, span)
         fs.remove(pending)
         return True
 
