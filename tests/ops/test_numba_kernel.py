@@ -24,7 +24,20 @@ def path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize(("dk", "dv"), WIDTHS, ids=WIDTH_IDS)
+def _width_params():
+    """Every width on the serial path; on the parallel path (same per-head code, heads spread
+    over threads) 64×64 and the ragged 16×7 in `make test`, the rest in `make slow`: each
+    (width, path) is its own compilation, 7–15 s on a cold cache."""
+    fast_parallel = {(64, 64), (16, 7)}
+    out = []
+    for (dk, dv), wid in zip(WIDTHS, WIDTH_IDS, strict=True):
+        for p in ("parallel", "serial"):
+            marks = [pytest.mark.slow] if p == "parallel" and (dk, dv) not in fast_parallel else []
+            out.append(pytest.param(dk, dv, p, id=f"{p}-{wid}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("dk", "dv", "path"), _width_params(), indirect=["path"])
 def test_head_widths_match_oracle_float32(dk, dv, path):
     """T=150 with C=64 leaves a ragged last chunk; float32 inputs, float64 state."""
     rng = np.random.default_rng(dk * 1000 + dv)
