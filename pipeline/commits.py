@@ -77,7 +77,7 @@ class Commits:
         assert self.spans is not None
         if self._publisher is None:
             self._publisher = ThreadPoolExecutor(1, thread_name_prefix="linstream-publish")
-        self._publishing[seq_id] = self._publisher.submit(self.spans.publish, span)
+        self._publishing[seq_id] = self._publisher.submit(self.spans.publish, span, written=True)
 
     def _discard(self, span: OutputSpan | None, writing: Any) -> None:
         """A span whose commit did not happen (or was another writer's): its file goes."""

@@ -124,20 +124,25 @@ class SpanWriter:
         )
         return span, writing
 
-    def publish(self, span: OutputSpan) -> bool:
+    def publish(self, span: OutputSpan, *, written: bool = False) -> bool:
         """Step 3 (and the roll-forward): the final file exists with the span's bytes, the
         pending one is gone.  False when neither holds the span (outputs lost by hand).
+
+        ``written``: the caller wrote the pending file itself and saw it made durable (a job
+        publishing its own commit), so its bytes are not read back and hashed again; a
+        roll-forward of a commit found in a store checks both files first.
 
         Safe against another job publishing the same span at the same time (a resumed job
         rolling this commit forward while its own job still publishes it): the final name is
         only ever replaced atomically by a file with the span's bytes, never removed first."""
         fs, final = _storage_of(span.file)
         _, pending = _storage_of(span.pending)
-        if _has_bytes(fs, final, span):
-            fs.remove(pending)
-            return True
-        if not _has_bytes(fs, pending, span):
-            return _has_bytes(fs, final, span)  # or another job published it meanwhile
+        if not written:
+            if _has_bytes(fs, final, span):
+                fs.remove(pending)
+                return True
+            if not _has_bytes(fs, pending, span):
+                return _has_bytes(fs, final, span)  # or another job published it meanwhile
         try:
             if isinstance(fs, LocalStorage):
                 # A private hard link first: the bytes stay ours if the pending name goes.

@@ -26,10 +26,12 @@ def _check(span):
     assert leftovers == []
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["roll-forward", "own-span"])
 @pytest.mark.parametrize("step", ["link", "replace"])
-def test_another_job_publishing_in_the_middle_of_a_publish(tmp_path, monkeypatch, step):
-    """The other job runs its whole publish at the moment this one is about to link (or to
-    replace): the final file must survive and this publish must report it published."""
+def test_another_job_publishing_in_the_middle_of_a_publish(tmp_path, monkeypatch, step, written):
+    """The other job runs its whole publish (a roll-forward) at the moment this one is about to
+    link (or to replace): the final file must survive and this publish must report it
+    published, whether this one checks the files first or publishes the span it wrote."""
     out = str(tmp_path / "out")
     span = _span(out)
     mine, other = SpanWriter(out, per_token=False), SpanWriter(out, per_token=False)
@@ -44,7 +46,7 @@ def test_another_job_publishing_in_the_middle_of_a_publish(tmp_path, monkeypatch
         return real(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(os, step, interleaved)
-    assert mine.publish(span)
+    assert mine.publish(span, written=written)
     assert fired
     _check(span)
 
@@ -55,14 +57,15 @@ def test_many_concurrent_publishers(tmp_path):
     errors, answers = [], []
     start = threading.Barrier(8)
 
-    def run():
+    def run(written):
         start.wait()
         try:
-            answers.append(SpanWriter(out, per_token=False).publish(span))
+            answers.append(SpanWriter(out, per_token=False).publish(span, written=written))
         except Exception as ex:  # collected and asserted on below
             errors.append(ex)
 
-    threads = [threading.Thread(target=run) for _ in range(8)]
+    # one is the job that wrote the span, the others roll its commit forward
+    threads = [threading.Thread(target=run, args=(i == 0,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
