@@ -132,15 +132,21 @@ class RawAttentionStep(ChunkStep):
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
         self.rule = RuleSpec(rule, gamma, normalize, backend)
-        base = {"kind": "raw-attention", "feature_map": self.feature_map.config(), "eps": self.eps}
-        self._additive_fingerprint = _digest(base)
         config = self.rule.config()
         if config is None:
-            self.fingerprint = self._additive_fingerprint
+            self.fingerprint = self._additive_fingerprint()
         else:
             record = json.dumps(config, sort_keys=True, separators=(",", ":"))
-            self.fingerprint = f"{_digest({**base, 'rule': config})} {record}"
+            self.fingerprint = f"{_digest({**self._base(), 'rule': config})} {record}"
         self._keys = ("q", "k", "v", *self.rule.inputs)
+
+    def _base(self) -> dict[str, Any]:
+        """What every rule's fingerprint records: the kind of step, feature map and eps."""
+        return {"kind": "raw-attention", "feature_map": self.feature_map.config(), "eps": self.eps}
+
+    def _additive_fingerprint(self) -> str:
+        """The additive rule's fingerprint (the one from before rules existed)."""
+        return _digest(self._base())
 
     def setup(self) -> None:
         if self.backend in ("auto", "numba"):
@@ -239,7 +245,7 @@ class RawAttentionStep(ChunkStep):
         found = getattr(ex, "found", None)
         if not isinstance(ex, ModelMismatchError) or not found:
             return str(ex)
-        theirs = describe_fingerprint(found, self._additive_fingerprint, self.rule.config())
+        theirs = describe_fingerprint(found, self._additive_fingerprint(), self.rule.config())
         return (
             f"{ex}; the checkpoint was written under {theirs}, this job runs "
             f"{self.rule.label()}: a sequence continues under the rule and parameters it started "
