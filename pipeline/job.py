@@ -19,6 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from .core import NAMESPACE
 from .io import WriteDeadLetters, WriteResults
+from .local_runner import state_cache_for
 from .options import UsageError
 from .options import add_embed_arguments as add_flags
 from .text_input import read_input
@@ -328,8 +329,9 @@ def run_embed(args: Any, beam_args: list[str] | None = None, *, log: Any = None)
         _announce_compile(args, say)
     t0 = time.perf_counter()
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        with state_cache_for(opts):  # as an SDK harness sizes it (FnApiRunner: 100 MB)
+            result = pipeline.run()
+            result.wait_until_finish()
     except Exception as ex:
         raise JobFailed(str(ex)) from ex
     wall = time.perf_counter() - t0
