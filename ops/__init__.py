@@ -1,13 +1,40 @@
-"""linstream.ops: causal linear attention math.  NumPy arrays in, arrays out; no Beam, no I/O."""
+"""linstream.ops: causal linear attention math.  NumPy arrays in, arrays out; no Beam, no I/O.
 
-from .attention import causal_linear_attention, linear_attention
-from .attention_state import AttentionState
-from .backend import BackendUnavailableError, resolve_backend
-from .feature_maps import FeatureMap, get_feature_map
-from .model_config import ModelConfig
-from .model_runtime import EmbeddingModel, builtin_models, load_model
-from .model_weights import ModelFileError
-from .rules import RULES
+The names below are imported on first use (PEP 562), so that a module needing one light name
+(``linstream.state`` needs only ``AttentionState``) does not load Numba and every kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .attention import causal_linear_attention, linear_attention
+    from .attention_state import AttentionState
+    from .backend import BackendUnavailableError, resolve_backend
+    from .feature_maps import FeatureMap, get_feature_map
+    from .model_config import ModelConfig
+    from .model_runtime import EmbeddingModel, builtin_models, load_model
+    from .model_weights import ModelFileError
+    from .rules import RULES
+
+#: public name -> the submodule that defines it
+_HOMES = {
+    "RULES": "rules",
+    "AttentionState": "attention_state",
+    "BackendUnavailableError": "backend",
+    "EmbeddingModel": "model_runtime",
+    "FeatureMap": "feature_maps",
+    "ModelConfig": "model_config",
+    "ModelFileError": "model_weights",
+    "builtin_models": "model_runtime",
+    "causal_linear_attention": "attention",
+    "get_feature_map": "feature_maps",
+    "linear_attention": "attention",
+    "load_model": "model_runtime",
+    "resolve_backend": "backend",
+}
 
 __all__ = [
     "RULES",
@@ -24,3 +51,18 @@ __all__ = [
     "load_model",
     "resolve_backend",
 ]
+assert sorted(__all__) == sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # found once; later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

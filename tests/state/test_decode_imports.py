@@ -1,5 +1,6 @@
-"""Reading a checkpoint imports no pandas: pyarrow's ``to_numpy`` would, and that import is most
-of the time ``linstream checkpoint inspect`` takes on a small store."""
+"""Reading a checkpoint imports no pandas and no Numba: pyarrow's ``to_numpy`` would import
+pandas, and the kernels' package Numba; either import was most of the time ``linstream
+checkpoint inspect`` takes on a small store."""
 
 import json
 import subprocess
@@ -19,19 +20,20 @@ from linstream.pipeline.checkpoint_cli import main
 path, root, seq_id = sys.argv[1:4]
 with open(path, "rb") as f:
     st = decode_state(f.read())
-after_decode = "pandas" in sys.modules
+heavy = lambda: sorted({"pandas", "numba"} & set(sys.modules))
+after_decode = heavy()
 head = CheckpointStore(root).head(seq_id, fingerprint=None)
-after_restore = "pandas" in sys.modules
+after_restore = heavy()
 code = main(["checkpoint", "inspect", root])
 print(json.dumps({
-    "decode": after_decode, "restore": after_restore, "inspect": "pandas" in sys.modules,
+    "decode": after_decode, "restore": after_restore, "inspect": heavy(),
     "code": code, "S": st.S.ravel().tolist(), "head_position": head.state.position,
 }))
 """
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_decoding_and_inspecting_a_state_import_no_pandas(tmp_path, dtype):
+def test_decoding_and_inspecting_a_state_import_no_pandas_and_no_numba(tmp_path, dtype):
     st = random_state(3, (2, 3, 4, 5), dtype=dtype)
     path = tmp_path / "state.arrow"
     path.write_bytes(encode_state(st))
@@ -47,7 +49,7 @@ def test_decoding_and_inspecting_a_state_import_no_pandas(tmp_path, dtype):
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (got["decode"], got["restore"], got["inspect"]) == (False, False, False)
+    assert (got["decode"], got["restore"], got["inspect"]) == ([], [], [])
     assert got["code"] == 0
     assert got["head_position"] == st.position
     # the child decoded the very values that were encoded (exact, at the state's dtype)
