@@ -64,7 +64,7 @@ from numba.extending import intrinsic, overload
 from .attention_state import AttentionState
 from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "njit_variant", "numba_activation", "numba_causal"]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
 # carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): for the
@@ -77,6 +77,22 @@ DEFAULT_CHUNK_SIZE = 64
 # on the calling thread: waking the other threads costs more than it saves, and on a busy machine
 # a parallel region waits for its slowest thread (the model runtime's small chunks).
 _PARALLEL_MIN_WORK = 1 << 22
+
+
+def njit_variant(parallel: bool, **options: Any) -> Any:
+    """numba.njit(parallel=parallel, cache=True, **options) for one of a kernel's two versions,
+    with the version in the function's name.
+
+    Numba's on-disk cache finds a function by module, name and line, and tells entries apart by
+    signature, bytecode and closure values, not by compile options: the serial and the parallel
+    version built from one closure shared one entry, so whichever compiled first was loaded for
+    both (the "parallel" kernel then ran its groups one after the other on one thread)."""
+
+    def wrap(fn: Any) -> Any:
+        fn.__qualname__ = f"{fn.__qualname__}.{'parallel' if parallel else 'serial'}"
+        return numba.njit(parallel=parallel, cache=True, **options)(fn)
+
+    return wrap
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
@@ -265,7 +281,7 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
 
     # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
     # exception, on both paths (parallel regions always behave so)
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk, ngroups):  # pragma: no cover
         """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
         [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]
@@ -375,7 +391,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def _activation_kernel(parallel: bool) -> Any:
     # error_model="numpy": the divisions below never divide by zero (1 + exp(.) >= 1), and
     # Python's ZeroDivisionError check on each one kept LLVM from vectorizing the loop.
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def act(u, code):  # pragma: no cover - compiled
         """In place on a C-contiguous [T, d] float32 array, one fused pass per row.
 
