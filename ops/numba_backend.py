@@ -16,8 +16,8 @@ the rounding of where the chunk boundaries fall.
 What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
 - d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
-  kernel per head shape (cached in memory and on disk); inputs under _PARALLEL_MIN_WORK run on
-  the calling thread;
+  kernel per head shape (cached in memory and on disk); inputs too small for `worth_threads`
+  run on the calling thread;
 - the heads are split into one contiguous group per thread, and each group walks its heads
   chunk by chunk: a chunk's rows of q, k and v are copied for all of the group's heads at once,
   in address order.  Walking one head through the whole sequence instead read 256 bytes out of
@@ -64,7 +64,15 @@ from numba.extending import intrinsic, overload
 from .attention_state import AttentionState
 from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "njit_variant", "numba_activation", "numba_causal"]
+__all__ = [
+    "ACTIVATION_WORK_PER_VALUE",
+    "DEFAULT_CHUNK_SIZE",
+    "GATHER_WORK_PER_VALUE",
+    "njit_variant",
+    "numba_activation",
+    "numba_causal",
+    "worth_threads",
+]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
 # carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): for the
@@ -73,10 +81,17 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "njit_variant", "numba_activation", "numba_caus
 # chunks also let float32 rounding in ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
-# Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
-# on the calling thread: waking the other threads costs more than it saves, and on a busy machine
-# a parallel region waits for its slowest thread (the model runtime's small chunks).
+# Below this much work, counted in the attention kernel's multiply-adds (about a millisecond on
+# one core), a kernel runs on the calling thread: waking the other threads costs more than it
+# saves, and on a busy machine a parallel region waits for its slowest thread (the model
+# runtime's small chunks).  `worth_threads` is that one decision for every kernel here and in
+# ops/rules; each caller passes its own work measure, converted with a weight per value:
 _PARALLEL_MIN_WORK = 1 << 22
+# the fused activation: one exp and one division per value (parallel from 2^18 values)
+ACTIVATION_WORK_PER_VALUE = 16
+# the rule kernels' input gather (ops/rules/gather.py): parallel from 65,536 values, measured on
+# a 64-token chunk of 8×64 heads (32,768 values): 84 µs serial against 152 µs in a parallel region
+GATHER_WORK_PER_VALUE = 64
 
 
 def njit_variant(parallel: bool, **options: Any) -> Any:
@@ -93,6 +108,13 @@ def njit_variant(parallel: bool, **options: Any) -> Any:
         return numba.njit(parallel=parallel, cache=True, **options)(fn)
 
     return wrap
+
+
+def worth_threads(work: int) -> bool:
+    """Whether `work` (multiply-adds, or values times one of the weights above) is enough to run
+    a kernel's parallel version rather than its serial one."""
+    return work >= _PARALLEL_MIN_WORK
+
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
@@ -378,7 +400,7 @@ def numba_causal(
     dv = vx.shape[2]
     out = np.empty((t, h, dv), dtype=cdt)
     c = max(1, min(int(chunk_size), t))
-    parallel = h > 1 and t * h * f * dv >= _PARALLEL_MIN_WORK
+    parallel = h > 1 and worth_threads(t * h * f * dv)
     groups = min(h, numba.get_num_threads()) if parallel else 1
     _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c, groups)
     return out, AttentionState(s_new, z_new)
@@ -429,5 +451,6 @@ def numba_activation(u: np.ndarray, activation: str) -> np.ndarray:
     if u.dtype != np.float32 or not u.flags.c_contiguous or u.ndim != 2:
         msg = f"numba_activation needs a C-contiguous 2-D float32 array, got {u.dtype} {u.shape}"
         raise TypeError(msg)
-    _activation_kernels[u.size >= _PARALLEL_MIN_WORK // 16](u, _ACT_CODES[activation])
+    parallel = worth_threads(u.size * ACTIVATION_WORK_PER_VALUE)
+    _activation_kernels[parallel](u, _ACT_CODES[activation])
     return u

@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from ..feature_maps import EluPlusOne, FeatureMap, Identity, Relu
-from ..numba_backend import njit_variant
+from ..numba_backend import GATHER_WORK_PER_VALUE, njit_variant, worth_threads
 from .fast_exp import fast_exp
 
 __all__ = ["heads", "map_code"]
@@ -78,10 +78,6 @@ def _heads_kernel(parallel: bool) -> Any:
 
 _heads_kernels = {p: _heads_kernel(p) for p in (False, True)}
 
-# Below this many values a parallel region costs more than it saves (its start-up is ~0.1-0.4 ms
-# here, more than mapping a 64-token chunk of 8 heads of 64).
-_PARALLEL_MIN_VALUES = 1 << 16
-
 
 def heads(x: Any, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: bool = False):
     """φ(x) [T, H, D] (x as given when fm is None) as a new [H, T, D (+1)] array in cdt."""
@@ -94,5 +90,6 @@ def heads(x: Any, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: 
     src = np.ascontiguousarray(src, dtype=cdt)
     t, h, d = src.shape
     out = np.empty((h, t, d + int(ones)), dtype=cdt)
-    _heads_kernels[src.size >= _PARALLEL_MIN_VALUES](src, code, bool(unit), bool(ones), out)
+    parallel = worth_threads(src.size * GATHER_WORK_PER_VALUE)
+    _heads_kernels[parallel](src, code, bool(unit), bool(ones), out)
     return out
