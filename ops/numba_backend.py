@@ -280,10 +280,10 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                     x = x + kc[i + 3, f] * v3
                     a3 += qc[i + 3, f] * (sf + x)
                     ds[e, f] = x
-                oc[i, e] = np.float64(a0) * inv[i]
-                oc[i + 1, e] = np.float64(a1) * inv[i + 1]
-                oc[i + 2, e] = np.float64(a2) * inv[i + 2]
-                oc[i + 3, e] = np.float64(a3) * inv[i + 3]
+                oc[i, e] = a0
+                oc[i + 1, e] = a1
+                oc[i + 2, e] = a2
+                oc[i + 3, e] = a3
             i += 4
         while i < n:  # the chunk's last n % 4 tokens
             for e in range(dv):
@@ -293,8 +293,13 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                     x = ds[e, f] + kc[i, f] * ve
                     ds[e, f] = x
                     a += qc[i, f] * (s0[e, f] + x)
-                oc[i, e] = np.float64(a) * inv[i]
+                oc[i, e] = a
             i += 1
+        # the numerators times 1 / denominator (float64), row by row so that it vectorizes
+        for i in range(n):
+            r = inv[i]
+            for e in range(oc.shape[1]):
+                oc[i, e] = np.float64(oc[i, e]) * r
         # fold the chunk into the carried state, in the state dtype
         for e in range(st.shape[0]):
             for f in range(m):
