@@ -295,11 +295,6 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                     a += qc[i, f] * (s0[e, f] + x)
                 oc[i, e] = a
             i += 1
-        # the numerators times 1 / denominator (float64), row by row so that it vectorizes
-        for i in range(n):
-            r = inv[i]
-            for e in range(oc.shape[1]):
-                oc[i, e] = np.float64(oc[i, e]) * r
         # fold the chunk into the carried state, in the state dtype
         for e in range(st.shape[0]):
             for f in range(m):
@@ -328,7 +323,7 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
             s0 = np.empty((dv, dk), cdt)  # st in the compute dtype, for the current chunk
             ds = np.zeros((dv, dk), cdt)  # the chunk's tokens so far: Σ v φ(k)ᵀ
             zc = np.empty(dk, np.float64)
-            inv = np.empty(chunk, np.float64)
+            inv = np.empty((nl, chunk), np.float64)  # 1 / denominator, per head and token
             qc = np.empty((nl, chunk, dk), cdt)  # φ(q), φ(k), v, out of the chunk, per head
             kc = np.empty((nl, chunk, dk), cdt)
             vc = np.empty((nl, chunk, dv), cdt)
@@ -345,13 +340,15 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                 load_chunk(v, s, n, h0, h1, _FMAP_IDENTITY, vc)
                 for hl in range(nl):
                     head_chunk(
-                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv, eps
+                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv[hl], eps
                     )
+                # the numerators times 1 / denominator (float64), on the way out
                 m = out.shape[2]
                 for i in range(n):
                     for hl in range(nl):
+                        r = inv[hl, i]
                         for e in range(m):
-                            out[s + i, h0 + hl, e] = oc[hl, i, e]
+                            out[s + i, h0 + hl, e] = np.float64(oc[hl, i, e]) * r
             for hl in range(nl):
                 for f in range(dk):
                     z_state[h0 + hl, f] = zt[hl, f]
