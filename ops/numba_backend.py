@@ -24,8 +24,9 @@ What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
   every H·256 and left the hardware prefetchers behind: that cost as much as the arithmetic;
 - the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
   and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, and four tokens share
-  each pass over a row: ΔS and S₀ are loaded once per four tokens (they do not fit in L1 at
-  d=64), with four independent sums in flight;
+  each pass over a row: ΔS and S₀ are loaded once per four tokens, with four independent sums
+  in flight; the rows go in blocks of _ROW_BLOCK through all of a chunk's tokens, so that the
+  block's rows stay in L1 (all of ΔS and S₀ is 32 KB at d=64);
 - φ is applied to the chunk's copy with a float32 exp built from operations LLVM vectorizes
   (math.exp is a scalar libm call without SVML);
 - the copies and small loops take their trip counts from the arrays' shapes: a loop with a small
@@ -117,6 +118,8 @@ def worth_threads(work: int) -> bool:
 
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
+# value rows of the state per block of the recurrence (see head_chunk)
+_ROW_BLOCK = 16
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
 _FASTMATH: set[str] = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
@@ -237,9 +240,10 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
     def head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps):  # pragma: no cover
         """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
-        writes oc [C, dv].  st [dv, dk] (S transposed) and zt [dk] are the carried state in the
-        state dtype, updated; s0, ds [dv, dk] (compute dtype), zc [dk] and inv [C] (float64) are
-        scratch, ds all zeros on entry and on return."""
+        writes the numerators φ(q)ᵀS to oc [C, dv] and 1 / denominator to inv [C] (float64).
+        st [dv, dk] (S transposed) and zt [dk] are the carried state in the state dtype,
+        updated; s0, ds [dv, dk] (compute dtype) and zc [dk] (float64) are scratch, ds all zeros
+        on entry and on return."""
         zero = qc.dtype.type(0)
         m = st.shape[1]
         for e in range(st.shape[0]):
@@ -256,45 +260,49 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
             inv[i] = 1.0 / (den + eps)
         for f in range(m):
             zt[f] = zc[f]
-        # four tokens per pass over ΔS: each row of ΔS and S₀ is loaded once for four updates and
-        # four reads (the row of token i+1 is the row of token i plus its own term)
-        i = 0
-        while i + 4 <= n:
-            for e in range(dv):
-                v0 = vc[i, e]
-                v1 = vc[i + 1, e]
-                v2 = vc[i + 2, e]
-                v3 = vc[i + 3, e]
-                a0 = zero
-                a1 = zero
-                a2 = zero
-                a3 = zero
-                for f in range(dk):
-                    sf = s0[e, f]
-                    x = ds[e, f] + kc[i, f] * v0
-                    a0 += qc[i, f] * (sf + x)
-                    x = x + kc[i + 1, f] * v1
-                    a1 += qc[i + 1, f] * (sf + x)
-                    x = x + kc[i + 2, f] * v2
-                    a2 += qc[i + 2, f] * (sf + x)
-                    x = x + kc[i + 3, f] * v3
-                    a3 += qc[i + 3, f] * (sf + x)
-                    ds[e, f] = x
-                oc[i, e] = a0
-                oc[i + 1, e] = a1
-                oc[i + 2, e] = a2
-                oc[i + 3, e] = a3
-            i += 4
-        while i < n:  # the chunk's last n % 4 tokens
-            for e in range(dv):
-                ve = vc[i, e]
-                a = zero
-                for f in range(dk):
-                    x = ds[e, f] + kc[i, f] * ve
-                    ds[e, f] = x
-                    a += qc[i, f] * (s0[e, f] + x)
-                oc[i, e] = a
-            i += 1
+        # four tokens per pass over a row of ΔS: each row of ΔS and S₀ is loaded once for four
+        # updates and four reads (the row of token i+1 is the row of token i plus its own term).
+        # The rows go in blocks of _ROW_BLOCK, each through all of the chunk's tokens, so that
+        # the block's ΔS and S₀ stay in L1 (all of both is 32 KB at d=64, L1's size here).
+        for e0 in range(0, dv, _ROW_BLOCK):
+            e1 = min(e0 + _ROW_BLOCK, dv)
+            i = 0
+            while i + 4 <= n:
+                for e in range(e0, e1):
+                    v0 = vc[i, e]
+                    v1 = vc[i + 1, e]
+                    v2 = vc[i + 2, e]
+                    v3 = vc[i + 3, e]
+                    a0 = zero
+                    a1 = zero
+                    a2 = zero
+                    a3 = zero
+                    for f in range(dk):
+                        sf = s0[e, f]
+                        x = ds[e, f] + kc[i, f] * v0
+                        a0 += qc[i, f] * (sf + x)
+                        x = x + kc[i + 1, f] * v1
+                        a1 += qc[i + 1, f] * (sf + x)
+                        x = x + kc[i + 2, f] * v2
+                        a2 += qc[i + 2, f] * (sf + x)
+                        x = x + kc[i + 3, f] * v3
+                        a3 += qc[i + 3, f] * (sf + x)
+                        ds[e, f] = x
+                    oc[i, e] = a0
+                    oc[i + 1, e] = a1
+                    oc[i + 2, e] = a2
+                    oc[i + 3, e] = a3
+                i += 4
+            while i < n:  # the chunk's last n % 4 tokens
+                for e in range(e0, e1):
+                    ve = vc[i, e]
+                    a = zero
+                    for f in range(dk):
+                        x = ds[e, f] + kc[i, f] * ve
+                        ds[e, f] = x
+                        a += qc[i, f] * (s0[e, f] + x)
+                    oc[i, e] = a
+                i += 1
         # fold the chunk into the carried state, in the state dtype
         for e in range(st.shape[0]):
             for f in range(m):
