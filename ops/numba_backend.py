@@ -16,16 +16,17 @@ the rounding of where the chunk boundaries fall.
 What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 
 - d_k and d_v are compile-time constants: `_causal_kernel(d_k, d_v, parallel)` compiles one
-  kernel per head shape (cached in memory and on disk); inputs under _PARALLEL_MIN_WORK run on
-  the calling thread;
+  kernel per head shape (cached in memory and on disk); inputs too small for `worth_threads`
+  run on the calling thread;
 - the heads are split into one contiguous group per thread, and each group walks its heads
   chunk by chunk: a chunk's rows of q, k and v are copied for all of the group's heads at once,
   in address order.  Walking one head through the whole sequence instead read 256 bytes out of
   every H·256 and left the hardware prefetchers behind: that cost as much as the arithmetic;
 - the state is kept transposed, Sᵀ [d_v, d_k], so that the update of row e (ΔSᵀ[e] += v_e·φ(k))
   and its read (y_e = φ(q)·(S₀ᵀ[e] + ΔSᵀ[e])) run over contiguous memory, and four tokens share
-  each pass over a row: ΔS and S₀ are loaded once per four tokens (they do not fit in L1 at
-  d=64), with four independent sums in flight;
+  each pass over a row: ΔS and S₀ are loaded once per four tokens, with four independent sums
+  in flight; the rows go in blocks of _ROW_BLOCK through all of a chunk's tokens, so that the
+  block's rows stay in L1 (all of ΔS and S₀ is 32 KB at d=64);
 - φ is applied to the chunk's copy with a float32 exp built from operations LLVM vectorizes
   (math.exp is a scalar libm call without SVML);
 - the copies and small loops take their trip counts from the arrays' shapes: a loop with a small
@@ -64,7 +65,15 @@ from numba.extending import intrinsic, overload
 from .attention_state import AttentionState
 from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
+__all__ = [
+    "ACTIVATION_WORK_PER_VALUE",
+    "DEFAULT_CHUNK_SIZE",
+    "GATHER_WORK_PER_VALUE",
+    "njit_variant",
+    "numba_activation",
+    "numba_causal",
+    "worth_threads",
+]
 
 # How many tokens' contributions are summed in the compute dtype before they are added to the
 # carried state.  Measured with tests/bench/test_bench_ops.py (H=8, d=64, float32, README): for the
@@ -73,12 +82,44 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "numba_activation", "numba_causal"]
 # chunks also let float32 rounding in ΔS grow (relative to the chunk's own sum).
 DEFAULT_CHUNK_SIZE = 64
 
-# Below this much work (T·H·d_k·d_v multiply-adds, about a millisecond on one core) the heads run
-# on the calling thread: waking the other threads costs more than it saves, and on a busy machine
-# a parallel region waits for its slowest thread (the model runtime's small chunks).
+# Below this much work, counted in the attention kernel's multiply-adds (about a millisecond on
+# one core), a kernel runs on the calling thread: waking the other threads costs more than it
+# saves, and on a busy machine a parallel region waits for its slowest thread (the model
+# runtime's small chunks).  `worth_threads` is that one decision for every kernel here and in
+# ops/rules; each caller passes its own work measure, converted with a weight per value:
 _PARALLEL_MIN_WORK = 1 << 22
+# the fused activation: one exp and one division per value (parallel from 2^18 values)
+ACTIVATION_WORK_PER_VALUE = 16
+# the rule kernels' input gather (ops/rules/gather.py): parallel from 65,536 values, measured on
+# a 64-token chunk of 8×64 heads (32,768 values): 84 µs serial against 152 µs in a parallel region
+GATHER_WORK_PER_VALUE = 64
+
+
+def njit_variant(parallel: bool, **options: Any) -> Any:
+    """numba.njit(parallel=parallel, cache=True, **options) for one of a kernel's two versions,
+    with the version in the function's name.
+
+    Numba's on-disk cache finds a function by module, name and line, and tells entries apart by
+    signature, bytecode and closure values, not by compile options: the serial and the parallel
+    version built from one closure shared one entry, so whichever compiled first was loaded for
+    both (the "parallel" kernel then ran its groups one after the other on one thread)."""
+
+    def wrap(fn: Any) -> Any:
+        fn.__qualname__ = f"{fn.__qualname__}.{'parallel' if parallel else 'serial'}"
+        return numba.njit(parallel=parallel, cache=True, **options)(fn)
+
+    return wrap
+
+
+def worth_threads(work: int) -> bool:
+    """Whether `work` (multiply-adds, or values times one of the weights above) is enough to run
+    a kernel's parallel version rather than its serial one."""
+    return work >= _PARALLEL_MIN_WORK
+
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
+# value rows of the state per block of the recurrence (see head_chunk)
+_ROW_BLOCK = 16
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs
 _FASTMATH: set[str] = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
@@ -199,9 +240,10 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
     def head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps):  # pragma: no cover
         """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
-        writes oc [C, dv].  st [dv, dk] (S transposed) and zt [dk] are the carried state in the
-        state dtype, updated; s0, ds [dv, dk] (compute dtype), zc [dk] and inv [C] (float64) are
-        scratch, ds all zeros on entry and on return."""
+        writes the numerators φ(q)ᵀS to oc [C, dv] and 1 / denominator to inv [C] (float64).
+        st [dv, dk] (S transposed) and zt [dk] are the carried state in the state dtype,
+        updated; s0, ds [dv, dk] (compute dtype) and zc [dk] (float64) are scratch, ds all zeros
+        on entry and on return."""
         zero = qc.dtype.type(0)
         m = st.shape[1]
         for e in range(st.shape[0]):
@@ -218,45 +260,49 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
             inv[i] = 1.0 / (den + eps)
         for f in range(m):
             zt[f] = zc[f]
-        # four tokens per pass over ΔS: each row of ΔS and S₀ is loaded once for four updates and
-        # four reads (the row of token i+1 is the row of token i plus its own term)
-        i = 0
-        while i + 4 <= n:
-            for e in range(dv):
-                v0 = vc[i, e]
-                v1 = vc[i + 1, e]
-                v2 = vc[i + 2, e]
-                v3 = vc[i + 3, e]
-                a0 = zero
-                a1 = zero
-                a2 = zero
-                a3 = zero
-                for f in range(dk):
-                    sf = s0[e, f]
-                    x = ds[e, f] + kc[i, f] * v0
-                    a0 += qc[i, f] * (sf + x)
-                    x = x + kc[i + 1, f] * v1
-                    a1 += qc[i + 1, f] * (sf + x)
-                    x = x + kc[i + 2, f] * v2
-                    a2 += qc[i + 2, f] * (sf + x)
-                    x = x + kc[i + 3, f] * v3
-                    a3 += qc[i + 3, f] * (sf + x)
-                    ds[e, f] = x
-                oc[i, e] = np.float64(a0) * inv[i]
-                oc[i + 1, e] = np.float64(a1) * inv[i + 1]
-                oc[i + 2, e] = np.float64(a2) * inv[i + 2]
-                oc[i + 3, e] = np.float64(a3) * inv[i + 3]
-            i += 4
-        while i < n:  # the chunk's last n % 4 tokens
-            for e in range(dv):
-                ve = vc[i, e]
-                a = zero
-                for f in range(dk):
-                    x = ds[e, f] + kc[i, f] * ve
-                    ds[e, f] = x
-                    a += qc[i, f] * (s0[e, f] + x)
-                oc[i, e] = np.float64(a) * inv[i]
-            i += 1
+        # four tokens per pass over a row of ΔS: each row of ΔS and S₀ is loaded once for four
+        # updates and four reads (the row of token i+1 is the row of token i plus its own term).
+        # The rows go in blocks of _ROW_BLOCK, each through all of the chunk's tokens, so that
+        # the block's ΔS and S₀ stay in L1 (all of both is 32 KB at d=64, L1's size here).
+        for e0 in range(0, dv, _ROW_BLOCK):
+            e1 = min(e0 + _ROW_BLOCK, dv)
+            i = 0
+            while i + 4 <= n:
+                for e in range(e0, e1):
+                    v0 = vc[i, e]
+                    v1 = vc[i + 1, e]
+                    v2 = vc[i + 2, e]
+                    v3 = vc[i + 3, e]
+                    a0 = zero
+                    a1 = zero
+                    a2 = zero
+                    a3 = zero
+                    for f in range(dk):
+                        sf = s0[e, f]
+                        x = ds[e, f] + kc[i, f] * v0
+                        a0 += qc[i, f] * (sf + x)
+                        x = x + kc[i + 1, f] * v1
+                        a1 += qc[i + 1, f] * (sf + x)
+                        x = x + kc[i + 2, f] * v2
+                        a2 += qc[i + 2, f] * (sf + x)
+                        x = x + kc[i + 3, f] * v3
+                        a3 += qc[i + 3, f] * (sf + x)
+                        ds[e, f] = x
+                    oc[i, e] = a0
+                    oc[i + 1, e] = a1
+                    oc[i + 2, e] = a2
+                    oc[i + 3, e] = a3
+                i += 4
+            while i < n:  # the chunk's last n % 4 tokens
+                for e in range(e0, e1):
+                    ve = vc[i, e]
+                    a = zero
+                    for f in range(dk):
+                        x = ds[e, f] + kc[i, f] * ve
+                        ds[e, f] = x
+                        a += qc[i, f] * (s0[e, f] + x)
+                    oc[i, e] = a
+                i += 1
         # fold the chunk into the carried state, in the state dtype
         for e in range(st.shape[0]):
             for f in range(m):
@@ -265,7 +311,7 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
 
     # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
     # exception, on both paths (parallel regions always behave so)
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def kernel(q, k, v, s_state, z_state, out, fmap, eps, chunk, ngroups):  # pragma: no cover
         """q, k [T, H, dk] and v [T, H, dv] in the compute dtype (C-contiguous); s_state
         [H, dk, dv] and z_state [H, dk] in the state dtype, updated in place; out [T, H, dv]
@@ -285,7 +331,7 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
             s0 = np.empty((dv, dk), cdt)  # st in the compute dtype, for the current chunk
             ds = np.zeros((dv, dk), cdt)  # the chunk's tokens so far: Σ v φ(k)ᵀ
             zc = np.empty(dk, np.float64)
-            inv = np.empty(chunk, np.float64)
+            inv = np.empty((nl, chunk), np.float64)  # 1 / denominator, per head and token
             qc = np.empty((nl, chunk, dk), cdt)  # φ(q), φ(k), v, out of the chunk, per head
             kc = np.empty((nl, chunk, dk), cdt)
             vc = np.empty((nl, chunk, dv), cdt)
@@ -302,13 +348,15 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                 load_chunk(v, s, n, h0, h1, _FMAP_IDENTITY, vc)
                 for hl in range(nl):
                     head_chunk(
-                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv, eps
+                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv[hl], eps
                     )
+                # the numerators times 1 / denominator (float64), on the way out
                 m = out.shape[2]
                 for i in range(n):
                     for hl in range(nl):
+                        r = inv[hl, i]
                         for e in range(m):
-                            out[s + i, h0 + hl, e] = oc[hl, i, e]
+                            out[s + i, h0 + hl, e] = np.float64(oc[hl, i, e]) * r
             for hl in range(nl):
                 for f in range(dk):
                     z_state[h0 + hl, f] = zt[hl, f]
@@ -362,7 +410,7 @@ def numba_causal(
     dv = vx.shape[2]
     out = np.empty((t, h, dv), dtype=cdt)
     c = max(1, min(int(chunk_size), t))
-    parallel = h > 1 and t * h * f * dv >= _PARALLEL_MIN_WORK
+    parallel = h > 1 and worth_threads(t * h * f * dv)
     groups = min(h, numba.get_num_threads()) if parallel else 1
     _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c, groups)
     return out, AttentionState(s_new, z_new)
@@ -375,7 +423,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def _activation_kernel(parallel: bool) -> Any:
     # error_model="numpy": the divisions below never divide by zero (1 + exp(.) >= 1), and
     # Python's ZeroDivisionError check on each one kept LLVM from vectorizing the loop.
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def act(u, code):  # pragma: no cover - compiled
         """In place on a C-contiguous [T, d] float32 array, one fused pass per row.
 
@@ -413,5 +461,6 @@ def numba_activation(u: np.ndarray, activation: str) -> np.ndarray:
     if u.dtype != np.float32 or not u.flags.c_contiguous or u.ndim != 2:
         msg = f"numba_activation needs a C-contiguous 2-D float32 array, got {u.dtype} {u.shape}"
         raise TypeError(msg)
-    _activation_kernels[u.size >= _PARALLEL_MIN_WORK // 16](u, _ACT_CODES[activation])
+    parallel = worth_threads(u.size * ACTIVATION_WORK_PER_VALUE)
+    _activation_kernels[parallel](u, _ACT_CODES[activation])
     return u

@@ -16,6 +16,7 @@ import numpy as np
 from numba import prange
 
 from ..feature_maps import EluPlusOne, FeatureMap, Identity, Relu
+from ..numba_backend import GATHER_WORK_PER_VALUE, njit_variant, worth_threads
 from .fast_exp import fast_exp
 
 __all__ = ["heads", "map_code"]
@@ -64,21 +65,18 @@ def _head(x, code, unit, ones, out, h):  # pragma: no cover - jitted
             out[h, i, d] = one
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _heads_parallel(x, code, unit, ones, out):  # pragma: no cover - jitted
-    for h in prange(x.shape[1]):
-        _head(x, code, unit, ones, out, h)
+def _heads_kernel(parallel: bool) -> Any:
+    """The gather over all heads, one head per task in parallel or on the calling thread."""
+
+    @njit_variant(parallel, nogil=True)
+    def run(x, code, unit, ones, out):  # pragma: no cover - jitted
+        for h in prange(x.shape[1]):
+            _head(x, code, unit, ones, out, h)
+
+    return run
 
 
-@numba.njit(cache=True, nogil=True)
-def _heads_serial(x, code, unit, ones, out):  # pragma: no cover - jitted
-    for h in range(x.shape[1]):
-        _head(x, code, unit, ones, out, h)
-
-
-# Below this many values a parallel region costs more than it saves (its start-up is ~0.1-0.4 ms
-# here, more than mapping a 64-token chunk of 8 heads of 64).
-_PARALLEL_MIN_VALUES = 1 << 16
+_heads_kernels = {p: _heads_kernel(p) for p in (False, True)}
 
 
 def heads(x: Any, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: bool = False):
@@ -92,6 +90,6 @@ def heads(x: Any, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: 
     src = np.ascontiguousarray(src, dtype=cdt)
     t, h, d = src.shape
     out = np.empty((h, t, d + int(ones)), dtype=cdt)
-    run = _heads_parallel if src.size >= _PARALLEL_MIN_VALUES else _heads_serial
-    run(src, code, bool(unit), bool(ones), out)
+    parallel = worth_threads(src.size * GATHER_WORK_PER_VALUE)
+    _heads_kernels[parallel](src, code, bool(unit), bool(ones), out)
     return out
