@@ -1,12 +1,15 @@
 """The job at small and large chunks (`make bench`): `linstream embed --emit mean` with checkpoints
-(FnApiRunner, one worker, builtin:default, numpy backend) over 200 interleaved sequences, against a
+(FnApiRunner, one worker, builtin:default, the backend `LINSTREAM_BENCH_BACKEND`, default "auto" as
+`linstream embed` runs without flags, i.e. numba on a CPU) over 200 interleaved sequences, against a
 plain loop over the model runtime on the same chunks (read the same file, order, embed, take the
 mean; write nothing) in the same process, interleaved, best of LINSTREAM_BENCH_ROUNDS rounds
 (each round's ratio is printed too, by wall time and by process CPU time, which the other work
 on a shared machine moves less).  Targets: job >= 60% of the loop at 64-token chunks, >= 90% at
-2048.  Writes docs/img/job-vs-loop.png.
+2048.  Writes docs/img/job-vs-loop.png (job-vs-loop-BACKEND.png for another backend).
 
     .venv/bin/python -m pytest tests/bench/test_bench_job_chunks.py -m bench -s
+    LINSTREAM_BENCH_BACKEND=numpy .venv/bin/python -m pytest \
+        tests/bench/test_bench_job_chunks.py -m bench -s
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .plotting import IMG_DIR, line_plot
 pytestmark = pytest.mark.bench
 
 SEQUENCES = 200
+BACKEND = os.environ.get("LINSTREAM_BENCH_BACKEND", "auto")
 #: (chunk size, chunks per sequence)
 SHAPES = [(64, 24), (256, 8), (2048, 2)]
 
@@ -38,7 +42,7 @@ def _loop(path, model):
     states, tokens = {}, 0
     for c in chunks:
         emb, states[c.seq_id] = model.embed_chunk(
-            c.data, states.get(c.seq_id) or model.initial_states(), backend="numpy"
+            c.data, states.get(c.seq_id) or model.initial_states(), backend=BACKEND
         )
         emb.mean(axis=0, dtype=np.float64)
         tokens += len(c.data)
@@ -47,7 +51,7 @@ def _loop(path, model):
 
 def test_job_against_a_plain_loop_by_chunk_size(tmp_path):
     model = load_model("builtin:default")
-    model.embed_chunk(np.zeros(8, np.int32), model.initial_states(), backend="numpy")
+    model.embed_chunk(np.zeros(8, np.int32), model.initial_states(), backend=BACKEND)
     rounds = int(os.environ.get("LINSTREAM_BENCH_ROUNDS", 1))
     rows = []
     for size, per_seq in SHAPES:
@@ -65,7 +69,7 @@ def test_job_against_a_plain_loop_by_chunk_size(tmp_path):
                 model="builtin:default",
                 resume=False,
                 emit="mean",
-                backend="numpy",
+                backend=BACKEND,
                 checkpoint_every=16,
                 max_buffered_chunks=None,
                 idle_timeout=300.0,
@@ -85,7 +89,8 @@ def test_job_against_a_plain_loop_by_chunk_size(tmp_path):
         assert job is not None and job.tokens == loop_tokens
         rows.append((size, loop_tokens, loop_tokens / loop_s, job.tokens_per_s, job.wall_s))
         print(f"\nchunk {size}: job / loop per round: {', '.join(ratios)}")
-    print("\n| chunk | tokens | loop tokens/s | job tokens/s | job / loop | job wall s |")
+    print(f"\nbackend {BACKEND}")
+    print("| chunk | tokens | loop tokens/s | job tokens/s | job / loop | job wall s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size, tokens, loop, job_rate, wall in rows:
         print(
@@ -93,8 +98,9 @@ def test_job_against_a_plain_loop_by_chunk_size(tmp_path):
             f"{job_rate / loop:.0%} | {wall:.1f} |"
         )
     line_plot(
-        IMG_DIR / "job-vs-loop.png",
-        f"linstream embed vs a plain loop, {SEQUENCES} sequences, builtin:default",
+        IMG_DIR / ("job-vs-loop.png" if BACKEND == "auto" else f"job-vs-loop-{BACKEND}.png"),
+        f"linstream embed vs a plain loop, {SEQUENCES} sequences, builtin:default, "
+        f"backend {BACKEND}",
         {
             "plain loop over embed_chunk": ([r[0] for r in rows], [r[2] for r in rows]),
             "linstream embed (checkpoints, --emit mean)": (
