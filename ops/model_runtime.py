@@ -34,7 +34,7 @@ import importlib.resources
 import os
 import re
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,7 @@ from .model_device import (
 from .model_layers import _activation as _activation  # re-exported (tests/ops/test_numba_kernel.py)
 from .model_layers import _Weights
 from .model_weights import check_tensors, fingerprint, read_model
+from .rules.exact_eps import needs_exact_eps
 
 __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 
@@ -71,27 +72,35 @@ _BLAS_SINGLE_THREAD_BELOW = 512
 
 
 @functools.cache
-def _blas_controller() -> Any:
-    """threadpoolctl's view of the BLAS libraries loaded in this process (found once)."""
+def _blas_libraries() -> tuple[Any, ...]:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once)."""
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api="blas")
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
 class _SingleThreadedBlas:
     """Holds the process's BLAS at one thread while any caller is inside; callers on several
-    threads share one limit (set by the first in, restored by the last out)."""
+    threads share one limit (set by the first in, restored by the last out).
+
+    Each library's count is read and set through its threadpoolctl controller directly (a few
+    microseconds; `ThreadpoolController.limit` re-reads every library's info, ~20 µs a chunk),
+    and a library already at one thread is left alone."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inside = 0
-        self._limiter: Any = None
+        self._restore: list[tuple[Any, int]] = []
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         with self._lock:
             if self._inside == 0:
-                self._limiter = _blas_controller().limit(limits=1)
+                for lib in _blas_libraries():
+                    n = int(lib.get_num_threads())
+                    if n != 1:
+                        lib.set_num_threads(1)
+                        self._restore.append((lib, n))
             self._inside += 1
         try:
             yield
@@ -99,8 +108,9 @@ class _SingleThreadedBlas:
             with self._lock:
                 self._inside -= 1
                 if self._inside == 0:
-                    self._limiter.restore_original_limits()
-                    self._limiter = None
+                    for lib, n in self._restore:
+                        lib.set_num_threads(n)
+                    self._restore.clear()
 
 
 _single_threaded_blas = _SingleThreadedBlas()
@@ -196,6 +206,10 @@ class EmbeddingModel:
             config.d_head,
         )
         self._host = _Weights.build(config, stored, dt)
+        # additive layers call the Numba kernel directly, past causal_linear_attention's checks
+        # (the model's shapes are right by construction; the states are checked per call),
+        # unless the feature map needs the exact-eps path (FAVOR+)
+        self._numba_direct = not needs_exact_eps(self.feature_map, config.d_head)
         # layers whose rule has no device (CuPy) kernel: the forward then runs on the host
         self.rule_layers = [i for i, ly in enumerate(self._host.layers) if not ly.rule.additive]
         # The weights uploaded to each device (by _Device.cache_key), on first use there.
@@ -204,10 +218,12 @@ class EmbeddingModel:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_device_weights"] = {}  # device copies are not shipped; re-uploaded on use
+        state["_host"] = self._host.without_qkv0()  # derived: formed again on arrival
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._host = self._host.with_qkv0(self.config)
 
     def __repr__(self) -> str:
         c = self.config
@@ -259,6 +275,9 @@ class EmbeddingModel:
                 if np.dtype(a.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
                     msg = f"states[{i}].{nm} must be float32 or float64, got {a.dtype}"
                     raise TypeError(msg)
+            if st.S.dtype != st.z.dtype:
+                msg = f"states[{i}].S and .z must share a dtype, got {st.S.dtype} and {st.z.dtype}"
+                raise TypeError(msg)
             out.append(st)
         return out
 
@@ -371,23 +390,33 @@ class EmbeddingModel:
                 )
                 raise TypeError(msg)
         fm, eps = self.feature_map, self.config.eps
+        if name == "numba" and self._numba_direct:
+            from .numba_backend import DEFAULT_CHUNK_SIZE, numba_causal
 
         def attend(
             q: Any, k: Any, v: Any, s: AttentionState, rule: dict[str, Any]
         ) -> tuple[Any, AttentionState]:
+            if not rule and name == "numba" and self._numba_direct:
+                # what causal_linear_attention runs for these (model-shaped, checked) arguments
+                return numba_causal(
+                    q, k, v, s, feature_map=fm, eps=eps, chunk_size=DEFAULT_CHUNK_SIZE,
+                    dtype=q.dtype,
+                )  # fmt: skip
             # a rule layer runs on its Numba kernel (rule={} is the additive default)
             be = "numba" if rule else name
             return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
 
-        activate: Callable[[Any, str], Any] | None = None
-        if name == "numba" and self.compute_dtype == np.float32:
-            # one fused pass over the feed-forward buffer instead of NumPy's nine
-            from .numba_backend import numba_activation
-
-            activate = numba_activation
         with _blas_threads_for(int(x_in.shape[0])):
+            if name == "numba" and self.compute_dtype == np.float32:
+                # fused Numba passes for the norms, residual adds and activation
+                from .model_kernels import NumbaOps
+
+                ops = NumbaOps(self.config.norm_eps)
+                return model_layers.forward_chunk(
+                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops
+                )
             return model_layers.forward_chunk(
-                np, self._host, x_in, st, config=self.config, attend=attend, activate=activate
+                np, self._host, x_in, st, config=self.config, attend=attend
             )
 
     def _resolve_backend(self, backend: str) -> str:
