@@ -68,6 +68,7 @@ _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (up
 # dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
 # BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
 # two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
+# (The numba float32 path, the default, splits rows across its own threads: _thread_layout.)
 _BLAS_SINGLE_THREAD_BELOW = 512
 
 
@@ -79,18 +80,41 @@ def _blas_libraries() -> tuple[Any, ...]:
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
+def _set_threads(lib: Any, n: int) -> None:
+    """Set a BLAS library's thread count from this thread, and release threadpoolctl's
+    per-library "controlling thread" (where it has one) so that any thread can set it next."""
+    lib.set_num_threads(n)
+    release = getattr(type(lib), "clear_controlling_thread", None)
+    if release is not None:
+        release(force=True)
+
+
 class _SingleThreadedBlas:
     """Holds the process's BLAS at one thread while any caller is inside; callers on several
     threads share one limit (set by the first in, restored by the last out).
 
     Each library's count is read and set through its threadpoolctl controller directly (a few
     microseconds; `ThreadpoolController.limit` re-reads every library's info, ~20 µs a chunk),
-    and a library already at one thread is left alone."""
+    and a library already at one thread is left alone.  threadpoolctl (3.8) lets only one
+    "controlling" Python thread change a pthreads OpenBLAS and ignores the others, so after
+    each change the control is released: the last caller out may be another thread than the
+    first one in (both run under this object's lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inside = 0
         self._restore: list[tuple[Any, int]] = []
+        self._threads: int | None = None
+
+    def threads(self) -> int:
+        """How many threads the process's BLAS runs when nobody holds it at one (read once)."""
+        if self._threads is None:
+            with self._lock:
+                counts = [n for _, n in self._restore] if self._inside else []
+                if not self._inside:
+                    counts = [int(lib.get_num_threads()) for lib in _blas_libraries()]
+                self._threads = max([1, *counts])
+        return self._threads
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
@@ -99,7 +123,7 @@ class _SingleThreadedBlas:
                 for lib in _blas_libraries():
                     n = int(lib.get_num_threads())
                     if n != 1:
-                        lib.set_num_threads(1)
+                        _set_threads(lib, 1)
                         self._restore.append((lib, n))
             self._inside += 1
         try:
@@ -109,7 +133,7 @@ class _SingleThreadedBlas:
                 self._inside -= 1
                 if self._inside == 0:
                     for lib, n in self._restore:
-                        lib.set_num_threads(n)
+                        _set_threads(lib, n)
                     self._restore.clear()
 
 
@@ -121,6 +145,22 @@ def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
     if tokens < _BLAS_SINGLE_THREAD_BELOW:
         return _single_threaded_blas()
     return contextlib.nullcontext()
+
+
+def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
+    """(BLAS thread context, row split or None) for the numba float32 forward.
+
+    With more than one thread, BLAS is held at one thread and each chunk's rows are split
+    across the runtime's own threads, as many as BLAS has (`model_threads`: the caller runs
+    what no helper took, so a busy core costs time, not a stall; measured on a loaded 2-vCPU
+    machine, BLAS's own two threads ran 64-1024-token chunks 2-6x slower than one thread,
+    the split no slower).  On one thread nothing is split and BLAS is left as it is."""
+    threads = _single_threaded_blas.threads()
+    if threads <= 1:
+        return contextlib.nullcontext(), None
+    from .model_threads import row_split
+
+    return _single_threaded_blas(), row_split(threads)
 
 
 def _builtin_dir() -> Any:
@@ -406,15 +446,18 @@ class EmbeddingModel:
             be = "numba" if rule else name
             return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
 
-        with _blas_threads_for(int(x_in.shape[0])):
-            if name == "numba" and self.compute_dtype == np.float32:
-                # fused Numba passes for the norms, residual adds and activation
-                from .model_kernels import NumbaOps
+        if name == "numba" and self.compute_dtype == np.float32:
+            # fused Numba passes for the norms, residual adds and activation; rows on threads
+            from .model_kernels import NumbaOps
 
-                ops = NumbaOps(self.config.norm_eps)
+            ops = NumbaOps(self.config.norm_eps)
+            blas, split = _thread_layout()
+            with blas:
                 return model_layers.forward_chunk(
-                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops
-                )
+                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
+                    split=split,
+                )  # fmt: skip
+        with _blas_threads_for(int(x_in.shape[0])):
             return model_layers.forward_chunk(
                 np, self._host, x_in, st, config=self.config, attend=attend
             )
