@@ -4,10 +4,10 @@ Both embed the same token stream chunk by chunk with carried per-layer state (fl
 the pipeline runs it), same chunk sizes, in one fresh process, interleaved (runtime, twin,
 runtime, ...) so that a noisy neighbour on the shared 2-core machine hits both; the best of the
 repeats counts.  Two runs: on 2 threads (the twin under torch.no_grad() with
-torch.set_num_threads(2); the runtime with its own thread layout: BLAS held at one thread for
-chunks under 512 tokens via threadpoolctl, the numba kernel's heads in parallel only for large
-chunks), then on one thread each (torch.set_num_threads(1); NUMBA_NUM_THREADS=1 and one BLAS
-thread), where a busy second core cannot stall either side's thread pool.
+torch.set_num_threads(2); the runtime with its own thread layout: BLAS held at one thread via
+threadpoolctl, the numba kernel's heads in parallel only for large chunks), then on one thread
+each (torch.set_num_threads(1); NUMBA_NUM_THREADS=1 and one BLAS thread), where a busy second
+core cannot stall either side's thread pool.
 
     .venv/bin/python -m pytest tests/bench/test_bench_model.py -m bench -s -p no:randomly
 
