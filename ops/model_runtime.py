@@ -369,6 +369,8 @@ class EmbeddingModel:
                 msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
                 raise ValueError(msg)
             assert c.vocab_size is not None
+            if x.min() >= 0 and x.max() < c.vocab_size:  # two reductions, no temporaries
+                return x
             bad = np.flatnonzero((x < 0) | (x >= c.vocab_size))
             if bad.size:
                 pos = int(bad[0])
