@@ -24,7 +24,7 @@ from .attention_state import AttentionState
 from .model_config import ModelConfig
 from .model_weights import BETA_RULES, GATED_RULES
 
-__all__ = ["Attend", "LayerRule", "Ops", "XpOps", "forward_chunk"]
+__all__ = ["Attend", "LayerRule", "Ops", "RowSplit", "XpOps", "forward_chunk"]
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 # The largest layer-0 projection table a token model keeps (vocab × (3·d_attn + extra) in the
@@ -301,6 +301,10 @@ class XpOps:
         return _activation(self.xp, u, act) if self.activate is None else self.activate(u, act)
 
 
+# split(fn, t): calls fn(rows) for slices `rows` that partition range(t), perhaps on threads
+RowSplit = Callable[[Callable[[slice], None], int], None]
+
+
 def forward_chunk(
     xp: Any,
     w: _Weights,
@@ -311,6 +315,7 @@ def forward_chunk(
     attend: Attend,
     activate: Callable[[Any, str], Any] | None = None,
     ops: Ops | None = None,
+    split: RowSplit | None = None,
 ) -> tuple[Any, list[AttentionState]]:
     """One chunk through the model with the array namespace xp (numpy, or cupy on a device).
 
@@ -318,9 +323,10 @@ def forward_chunk(
     attend(q, k, v, state, rule_kwargs) -> (out [T, H, d_head], new state), arrays of xp, with
     rule_kwargs the layer's `LayerRule.kwargs` ({} for an additive layer; the logits are only
     formed, on the host, for the others); ops: the per-token steps (default `XpOps(xp)`, with
-    activate(u, name) as its activation in place on a fresh buffer when given).
-    Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies
-    between the host and a device, so on a device every layer's activations stay there.
+    activate(u, name) as its activation in place on a fresh buffer when given); split: runs
+    the per-token work between two attention calls over row ranges (`model_threads`), else
+    one range.  Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here
+    copies between the host and a device, so on a device every layer's activations stay there.
 
     Each layer's residual add is fused with the norm that follows it (the next layer's first
     norm, or the final one); a token model's first projection is a row of `w.qkv0`.
@@ -335,19 +341,34 @@ def forward_chunk(
     t = x.shape[0]
     h, dh, a = c.n_heads, c.d_head, c.d_attn
     layers = w.layers
-    xn = None if w.qkv0 is not None else ops.norm(x, layers[0].n1)
+    proj = w.qkv0[x_in] if w.qkv0 is not None else ops.norm(x, layers[0].n1) @ layers[0].w_qkv
     new_states = []
     for i, (layer, s) in enumerate(zip(layers, states, strict=True)):
-        proj = w.qkv0[x_in] if xn is None else xn @ layer.w_qkv  # [T, 3·d_attn + extra]
+        # proj: [T, 3·d_attn + extra], this layer's fused projection
         qkv = proj[:, : 3 * a].reshape(t, 3, h, dh)
         logits = None
         if layer.b_extra is not None:
             logits = proj[:, 3 * a :] + layer.b_extra
         y, s_new = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], s, layer.rule.kwargs(logits))
         new_states.append(s_new)
-        xn = ops.add_norm(x, y.reshape(t, a) @ layer.w_o, None, layer.n2)
-        u = ops.bias_act(xn @ layer.w_up, layer.b_up, c.activation)
-        after = layers[i + 1].n1 if i + 1 < len(layers) else w.final
-        xn = ops.add_norm(x, u @ layer.w_down, layer.b_down, after)
-    assert xn is not None
-    return xn, new_states
+        nxt = layers[i + 1] if i + 1 < len(layers) else None
+        y2 = y.reshape(t, a)
+
+        def rest(rows: slice, layer: _Layer = layer, nxt: _Layer | None = nxt, y2: Any = y2) -> Any:
+            """The layer after attention, for these rows: the next layer's projection of them
+            (or their embeddings after the last layer)."""
+            xr = x[rows]
+            xn = ops.add_norm(xr, y2[rows] @ layer.w_o, None, layer.n2)
+            u = ops.bias_act(xn @ layer.w_up, layer.b_up, c.activation)
+            xn = ops.add_norm(
+                xr, u @ layer.w_down, layer.b_down, w.final if nxt is None else nxt.n1
+            )
+            return xn if nxt is None else xn @ nxt.w_qkv
+
+        if split is None:
+            proj = rest(slice(0, t))
+        else:
+            width = c.d_model if nxt is None else nxt.w_qkv.shape[1]
+            proj = xp.empty((t, width), dtype=w.dtype)
+            split(lambda rows, out=proj, rest=rest: out.__setitem__(rows, rest(rows)), t)
+    return proj, new_states

@@ -68,7 +68,8 @@ _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (up
 # dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
 # BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
 # two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
-# (The numba float32 path, the default, holds BLAS at one thread for every chunk: _blas_layout.)
+# (The numba float32 path, the default, holds BLAS at one thread for every chunk and splits
+# long chunks' rows across its own threads: _thread_layout.)
 _BLAS_SINGLE_THREAD_BELOW = 512
 
 
@@ -147,20 +148,23 @@ def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
-def _blas_layout() -> contextlib.AbstractContextManager[None]:
-    """The BLAS thread layout of the numba float32 forward: one thread, whatever the chunk.
+def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
+    """(BLAS thread context, row split or None) for the numba float32 forward.
 
-    Measured on the shared 2-vCPU machine (tests/bench/RESULTS-model.md): BLAS's own two
-    threads ran 64-2048-token chunks 2-8x slower than one thread when the second core was
-    busy (a statically partitioned pool waits for its slowest thread), and on one thread the
-    fused forward already runs 512-2048-token chunks faster than the earlier two-thread layout
-    did on a quiet machine.  Splitting each chunk's rows across the runtime's own threads (the
-    caller running what no helper took) was no faster than one thread there either.  A Beam
-    worker gets its parallelism from sequences on several threads at once.  Where BLAS already
-    runs one thread, nothing is set."""
-    if _single_threaded_blas.threads() <= 1:
-        return contextlib.nullcontext()
-    return _single_threaded_blas()
+    With more than one thread, BLAS is held at one thread for every chunk size, and chunks of
+    at least 2 × model_threads.MIN_ROWS tokens split their rows across the runtime's own
+    threads, as many as BLAS has (the caller runs what no helper took, so a busy core costs
+    time, never a stall).  Measured on the shared 2-vCPU machine (tests/bench/RESULTS-model.md):
+    BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the
+    second core was busy (a statically partitioned pool waits for its slowest thread); on a
+    quiet machine one thread alone reached only 1.94x the twin's two threads at 256 tokens.
+    On one thread nothing is split and BLAS is left as it is."""
+    threads = _single_threaded_blas.threads()
+    if threads <= 1:
+        return contextlib.nullcontext(), None
+    from .model_threads import row_split
+
+    return _single_threaded_blas(), row_split(threads)
 
 
 def _builtin_dir() -> Any:
@@ -453,10 +457,12 @@ class EmbeddingModel:
             from .model_kernels import NumbaOps
 
             ops = NumbaOps(self.config.norm_eps)
-            with _blas_layout():
+            blas, split = _thread_layout()
+            with blas:
                 return model_layers.forward_chunk(
-                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops
-                )
+                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
+                    split=split,
+                )  # fmt: skip
         with _blas_threads_for(int(x_in.shape[0])):
             return model_layers.forward_chunk(
                 np, self._host, x_in, st, config=self.config, attend=attend
