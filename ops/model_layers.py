@@ -369,6 +369,11 @@ def forward_chunk(
             proj = rest(slice(0, t))
         else:
             width = c.d_model if nxt is None else nxt.w_qkv.shape[1]
-            proj = xp.empty((t, width), dtype=w.dtype)
-            split(lambda rows, out=proj, rest=rest: out.__setitem__(rows, rest(rows)), t)
+            out = xp.empty((t, width), dtype=w.dtype)
+
+            def into(rows: slice, out: Any = out, rest: Callable[[slice], Any] = rest) -> None:
+                out[rows] = rest(rows)
+
+            split(into, t)
+            proj = out
     return proj, new_states
