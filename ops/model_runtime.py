@@ -9,7 +9,10 @@ any split (the attention state carries everything the past contributes; every ot
 token).  Projections and the feed-forward block are NumPy matrix products (BLAS, float32);
 attention is `causal_linear_attention` with the model's feature map and eps, its state float64
 unless the given states are float32.  `compute_dtype=np.float64` runs everything in float64
-(tests compare that mode with the PyTorch twin to ~1e-12).
+(tests compare that mode with the PyTorch twin to ~1e-12).  On the default numba backend in
+float32 the steps between the products are fused Numba passes (`model_kernels`), a token
+model's first projection is a lookup per token id (`_Weights.with_qkv0`), BLAS runs on one
+thread, and chunks of 256 tokens or more split their rows across threads (`model_threads`).
 
 One forward for every device: `model_layers.forward_chunk` (the layers, their update rules and
 fused projections) is written against an array namespace `xp`.  On the host (backend "numpy"
