@@ -16,7 +16,7 @@ per-head γ from the config.  Attention is then `causal_linear_attention(rule=..
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,9 +24,12 @@ from .attention_state import AttentionState
 from .model_config import ModelConfig
 from .model_weights import BETA_RULES, GATED_RULES
 
-__all__ = ["Attend", "LayerRule", "forward_chunk"]
+__all__ = ["Attend", "LayerRule", "Ops", "RowSplit", "XpOps", "forward_chunk"]
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+# The largest layer-0 projection table a token model keeps (vocab × (3·d_attn + extra) in the
+# compute dtype; builtin:default's is 6 MiB); a larger vocabulary projects per chunk.
+_QKV0_MAX_BYTES = 64 << 20
 _TINY = float(np.finfo(np.float64).tiny)
 
 
@@ -150,6 +153,9 @@ class _Weights:
         self.b_in = b_in
         self.layers = layers
         self.final = final
+        # A token model's first projection, norm1(embed[id]) @ w_qkv of layer 0, per token id
+        # [vocab, 3·d_attn + extra] (see `with_qkv0`), or None: then it is computed per chunk.
+        self.qkv0: Any = None
 
     @classmethod
     def build(cls, config: ModelConfig, stored: Mapping[str, np.ndarray], dt: np.dtype) -> _Weights:
@@ -170,9 +176,41 @@ class _Weights:
             np.asarray(stored["final_norm.weight"], dtype=dt),
             np.asarray(stored["final_norm.bias"], dtype=dt) if layernorm else None,
         )
-        return cls(dt, embed, w_in, b_in, layers, final)
+        return cls(dt, embed, w_in, b_in, layers, final).with_qkv0(config)
+
+    def with_qkv0(self, config: ModelConfig) -> _Weights:
+        """Self with `qkv0` filled in for a float32 token model whose table fits
+        _QKV0_MAX_BYTES.
+
+        Layer 0's fused projection of a token depends on its id only, so the runtime looks it
+        up instead of forming the first norm and product per chunk (an eighth of the model's
+        products).  The table is formed in float64 and rounded once to float32.  Float64
+        compute (the reference mode the tests compare with the twin) forms every step."""
+        if self.embed is None or self.dtype != np.float32:
+            return self
+        layer = self.layers[0]
+        rows, cols = self.embed.shape[0], layer.w_qkv.shape[1]
+        if rows * cols * self.dtype.itemsize > _QKV0_MAX_BYTES:
+            return self
+        # the stored tensors are float32, so their compute-dtype copies widen to them exactly
+        f8 = np.float64
+        n1 = tuple(None if a is None else np.asarray(a, f8) for a in layer.n1)
+        x = _norm(np, np.asarray(self.embed, f8), (n1[0], n1[1]), config.norm_eps)
+        self.qkv0 = np.ascontiguousarray(x @ np.asarray(layer.w_qkv, f8), dtype=self.dtype)
+        self.qkv0.setflags(write=False)
+        return self
+
+    def without_qkv0(self) -> _Weights:
+        """The same weights without the derived table (what a pickled model carries)."""
+        new = object.__new__(_Weights)
+        new.__dict__.update(self.__dict__)
+        new.qkv0 = None
+        return new
 
     def map(self, fn: Callable[[Any], Any]) -> _Weights:
+        """The same weights with every array passed through fn (e.g. copied to a device),
+        without `qkv0`: a device forms layer 0's product itself, and the upload stays the
+        model's own tensors."""
         return _Weights(
             self.dtype,
             _opt(fn, self.embed),
@@ -225,6 +263,48 @@ def _activation(xp: Any, u: Any, act: str) -> Any:
     return u
 
 
+class Ops(Protocol):
+    """The per-token steps of the forward (`XpOps` here; `model_kernels.NumbaOps` fuses them)."""
+
+    def norm(self, x: Any, wb: tuple[Any, Any]) -> Any: ...
+
+    def add_norm(self, x: Any, r: Any, bias: Any, wb: tuple[Any, Any]) -> Any: ...
+
+    def bias_act(self, u: Any, bias: Any, act: str) -> Any: ...
+
+
+class XpOps:
+    """The per-token steps with array-namespace operations (NumPy or CuPy, any float dtype)."""
+
+    def __init__(
+        self, xp: Any, norm_eps: float, activate: Callable[[Any, str], Any] | None = None
+    ) -> None:
+        self.xp = xp
+        self.eps = float(norm_eps)
+        self.activate = activate
+
+    def norm(self, x: Any, wb: tuple[Any, Any]) -> Any:
+        """norm(x) (layernorm when wb has a bias, else rmsnorm), a new array."""
+        return _norm(self.xp, x, wb, self.eps)
+
+    def add_norm(self, x: Any, r: Any, bias: Any, wb: tuple[Any, Any]) -> Any:
+        """x += r (+ bias) in place; returns norm(x), a new array."""
+        x += r
+        if bias is not None:
+            x += bias
+        return _norm(self.xp, x, wb, self.eps)
+
+    def bias_act(self, u: Any, bias: Any, act: str) -> Any:
+        """act(u + bias) in place on u (a fresh buffer)."""
+        if bias is not None:
+            u += bias
+        return _activation(self.xp, u, act) if self.activate is None else self.activate(u, act)
+
+
+# split(fn, t): calls fn(rows) for slices `rows` that partition range(t), perhaps on threads
+RowSplit = Callable[[Callable[[slice], None], int], None]
+
+
 def forward_chunk(
     xp: Any,
     w: _Weights,
@@ -234,18 +314,25 @@ def forward_chunk(
     config: ModelConfig,
     attend: Attend,
     activate: Callable[[Any, str], Any] | None = None,
+    ops: Ops | None = None,
+    split: RowSplit | None = None,
 ) -> tuple[Any, list[AttentionState]]:
     """One chunk through the model with the array namespace xp (numpy, or cupy on a device).
 
     x_in: checked token ids [T] or feature vectors [T, input_dim]; w, states: arrays of xp;
     attend(q, k, v, state, rule_kwargs) -> (out [T, H, d_head], new state), arrays of xp, with
     rule_kwargs the layer's `LayerRule.kwargs` ({} for an additive layer; the logits are only
-    formed, on the host, for the others); activate(u, name):
-    the feed-forward activation in place on a fresh buffer (default: `_activation` with xp).
-    Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here copies
-    between the host and a device, so on a device every layer's activations stay there.
+    formed, on the host, for the others); ops: the per-token steps (default `XpOps(xp)`, with
+    activate(u, name) as its activation in place on a fresh buffer when given); split: runs
+    the per-token work between two attention calls over row ranges (`model_threads`), else
+    one range.  Returns (emb [T, d_model] in w.dtype, new states), arrays of xp: nothing here
+    copies between the host and a device, so on a device every layer's activations stay there.
+
+    Each layer's residual add is fused with the norm that follows it (the next layer's first
+    norm, or the final one); a token model's first projection is a row of `w.qkv0`.
     """
     c = config
+    ops = XpOps(xp, c.norm_eps, activate) if ops is None else ops
     if w.embed is not None:
         x = w.embed[x_in]
     else:
@@ -253,21 +340,40 @@ def forward_chunk(
         x += w.b_in
     t = x.shape[0]
     h, dh, a = c.n_heads, c.d_head, c.d_attn
+    layers = w.layers
+    proj = w.qkv0[x_in] if w.qkv0 is not None else ops.norm(x, layers[0].n1) @ layers[0].w_qkv
     new_states = []
-    for layer, s in zip(w.layers, states, strict=True):
-        proj = _norm(xp, x, layer.n1, c.norm_eps) @ layer.w_qkv  # [T, 3·d_attn + extra]
+    for i, (layer, s) in enumerate(zip(layers, states, strict=True)):
+        # proj: [T, 3·d_attn + extra], this layer's fused projection
         qkv = proj[:, : 3 * a].reshape(t, 3, h, dh)
         logits = None
         if layer.b_extra is not None:
             logits = proj[:, 3 * a :] + layer.b_extra
         y, s_new = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], s, layer.rule.kwargs(logits))
         new_states.append(s_new)
-        x += y.reshape(t, a) @ layer.w_o
-        u = _norm(xp, x, layer.n2, c.norm_eps) @ layer.w_up
-        if layer.b_up is not None:
-            u += layer.b_up
-        u = _activation(xp, u, c.activation) if activate is None else activate(u, c.activation)
-        x += u @ layer.w_down
-        if layer.b_down is not None:
-            x += layer.b_down
-    return _norm(xp, x, w.final, c.norm_eps), new_states
+        nxt = layers[i + 1] if i + 1 < len(layers) else None
+        y2 = y.reshape(t, a)
+
+        def rest(rows: slice, layer: _Layer = layer, nxt: _Layer | None = nxt, y2: Any = y2) -> Any:
+            """The layer after attention, for these rows: the next layer's projection of them
+            (or their embeddings after the last layer)."""
+            xr = x[rows]
+            xn = ops.add_norm(xr, y2[rows] @ layer.w_o, None, layer.n2)
+            u = ops.bias_act(xn @ layer.w_up, layer.b_up, c.activation)
+            xn = ops.add_norm(
+                xr, u @ layer.w_down, layer.b_down, w.final if nxt is None else nxt.n1
+            )
+            return xn if nxt is None else xn @ nxt.w_qkv
+
+        if split is None:
+            proj = rest(slice(0, t))
+        else:
+            width = c.d_model if nxt is None else nxt.w_qkv.shape[1]
+            out = xp.empty((t, width), dtype=w.dtype)
+
+            def into(rows: slice, out: Any = out, rest: Callable[[slice], Any] = rest) -> None:
+                out[rows] = rest(rows)
+
+            split(into, t)
+            proj = out
+    return proj, new_states

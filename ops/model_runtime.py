@@ -9,7 +9,10 @@ any split (the attention state carries everything the past contributes; every ot
 token).  Projections and the feed-forward block are NumPy matrix products (BLAS, float32);
 attention is `causal_linear_attention` with the model's feature map and eps, its state float64
 unless the given states are float32.  `compute_dtype=np.float64` runs everything in float64
-(tests compare that mode with the PyTorch twin to ~1e-12).
+(tests compare that mode with the PyTorch twin to ~1e-12).  On the default numba backend in
+float32 the steps between the products are fused Numba passes (`model_kernels`), a token
+model's first projection is a lookup per token id (`_Weights.with_qkv0`), BLAS runs on one
+thread, and chunks of 256 tokens or more split their rows across threads (`model_threads`).
 
 One forward for every device: `model_layers.forward_chunk` (the layers, their update rules and
 fused projections) is written against an array namespace `xp`.  On the host (backend "numpy"
@@ -34,7 +37,7 @@ import importlib.resources
 import os
 import re
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +60,7 @@ from .model_device import (
 from .model_layers import _activation as _activation  # re-exported (tests/ops/test_numba_kernel.py)
 from .model_layers import _Weights
 from .model_weights import check_tensors, fingerprint, read_model
+from .rules.exact_eps import needs_exact_eps
 
 __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 
@@ -67,31 +71,64 @@ _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (up
 # dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
 # BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
 # two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
+# (The numba float32 path, the default, holds BLAS at one thread for every chunk and splits
+# long chunks' rows across its own threads: _thread_layout.)
 _BLAS_SINGLE_THREAD_BELOW = 512
 
 
 @functools.cache
-def _blas_controller() -> Any:
-    """threadpoolctl's view of the BLAS libraries loaded in this process (found once)."""
+def _blas_libraries() -> tuple[Any, ...]:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once)."""
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController().select(user_api="blas")
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def _set_threads(lib: Any, n: int) -> None:
+    """Set a BLAS library's thread count from this thread, and release threadpoolctl's
+    per-library "controlling thread" (where it has one) so that any thread can set it next."""
+    lib.set_num_threads(n)
+    release = getattr(type(lib), "clear_controlling_thread", None)
+    if release is not None:
+        release(force=True)
 
 
 class _SingleThreadedBlas:
     """Holds the process's BLAS at one thread while any caller is inside; callers on several
-    threads share one limit (set by the first in, restored by the last out)."""
+    threads share one limit (set by the first in, restored by the last out).
+
+    Each library's count is read and set through its threadpoolctl controller directly (a few
+    microseconds; `ThreadpoolController.limit` re-reads every library's info, ~20 µs a chunk),
+    and a library already at one thread is left alone.  threadpoolctl (3.8) lets only one
+    "controlling" Python thread change a pthreads OpenBLAS and ignores the others, so after
+    each change the control is released: the last caller out may be another thread than the
+    first one in (both run under this object's lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inside = 0
-        self._limiter: Any = None
+        self._restore: list[tuple[Any, int]] = []
+        self._threads: int | None = None
+
+    def threads(self) -> int:
+        """How many threads the process's BLAS runs when nobody holds it at one (read once)."""
+        if self._threads is None:
+            with self._lock:
+                counts = [n for _, n in self._restore] if self._inside else []
+                if not self._inside:
+                    counts = [int(lib.get_num_threads()) for lib in _blas_libraries()]
+                self._threads = max([1, *counts])
+        return self._threads
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         with self._lock:
             if self._inside == 0:
-                self._limiter = _blas_controller().limit(limits=1)
+                for lib in _blas_libraries():
+                    n = int(lib.get_num_threads())
+                    if n != 1:
+                        _set_threads(lib, 1)
+                        self._restore.append((lib, n))
             self._inside += 1
         try:
             yield
@@ -99,8 +136,9 @@ class _SingleThreadedBlas:
             with self._lock:
                 self._inside -= 1
                 if self._inside == 0:
-                    self._limiter.restore_original_limits()
-                    self._limiter = None
+                    for lib, n in self._restore:
+                        _set_threads(lib, n)
+                    self._restore.clear()
 
 
 _single_threaded_blas = _SingleThreadedBlas()
@@ -111,6 +149,25 @@ def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
     if tokens < _BLAS_SINGLE_THREAD_BELOW:
         return _single_threaded_blas()
     return contextlib.nullcontext()
+
+
+def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
+    """(BLAS thread context, row split or None) for the numba float32 forward.
+
+    With more than one thread, BLAS is held at one thread for every chunk size, and chunks of
+    at least 2 × model_threads.MIN_ROWS tokens split their rows across the runtime's own
+    threads, as many as BLAS has (the caller runs what no helper took, so a busy core costs
+    time, never a stall).  Measured on the shared 2-vCPU machine (tests/bench/RESULTS-model.md):
+    BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the
+    second core was busy (a statically partitioned pool waits for its slowest thread); on a
+    quiet machine one thread alone reached only 1.94x the twin's two threads at 256 tokens.
+    On one thread nothing is split and BLAS is left as it is."""
+    threads = _single_threaded_blas.threads()
+    if threads <= 1:
+        return contextlib.nullcontext(), None
+    from .model_threads import row_split
+
+    return _single_threaded_blas(), row_split(threads)
 
 
 def _builtin_dir() -> Any:
@@ -196,6 +253,10 @@ class EmbeddingModel:
             config.d_head,
         )
         self._host = _Weights.build(config, stored, dt)
+        # additive layers call the Numba kernel directly, past causal_linear_attention's checks
+        # (the model's shapes are right by construction; the states are checked per call),
+        # unless the feature map needs the exact-eps path (FAVOR+)
+        self._numba_direct = not needs_exact_eps(self.feature_map, config.d_head)
         # layers whose rule has no device (CuPy) kernel: the forward then runs on the host
         self.rule_layers = [i for i, ly in enumerate(self._host.layers) if not ly.rule.additive]
         # The weights uploaded to each device (by _Device.cache_key), on first use there.
@@ -204,10 +265,12 @@ class EmbeddingModel:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_device_weights"] = {}  # device copies are not shipped; re-uploaded on use
+        state["_host"] = self._host.without_qkv0()  # derived: formed again on arrival
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._host = self._host.with_qkv0(self.config)
 
     def __repr__(self) -> str:
         c = self.config
@@ -259,6 +322,9 @@ class EmbeddingModel:
                 if np.dtype(a.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
                     msg = f"states[{i}].{nm} must be float32 or float64, got {a.dtype}"
                     raise TypeError(msg)
+            if st.S.dtype != st.z.dtype:
+                msg = f"states[{i}].S and .z must share a dtype, got {st.S.dtype} and {st.z.dtype}"
+                raise TypeError(msg)
             out.append(st)
         return out
 
@@ -310,6 +376,8 @@ class EmbeddingModel:
                 msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
                 raise ValueError(msg)
             assert c.vocab_size is not None
+            if x.min() >= 0 and x.max() < c.vocab_size:  # two reductions, no temporaries
+                return x
             bad = np.flatnonzero((x < 0) | (x >= c.vocab_size))
             if bad.size:
                 pos = int(bad[0])
@@ -371,23 +439,36 @@ class EmbeddingModel:
                 )
                 raise TypeError(msg)
         fm, eps = self.feature_map, self.config.eps
+        if name == "numba" and self._numba_direct:
+            from .numba_backend import DEFAULT_CHUNK_SIZE, numba_causal
 
         def attend(
             q: Any, k: Any, v: Any, s: AttentionState, rule: dict[str, Any]
         ) -> tuple[Any, AttentionState]:
+            if not rule and name == "numba" and self._numba_direct:
+                # what causal_linear_attention runs for these (model-shaped, checked) arguments
+                return numba_causal(
+                    q, k, v, s, feature_map=fm, eps=eps, chunk_size=DEFAULT_CHUNK_SIZE,
+                    dtype=q.dtype,
+                )  # fmt: skip
             # a rule layer runs on its Numba kernel (rule={} is the additive default)
             be = "numba" if rule else name
             return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
 
-        activate: Callable[[Any, str], Any] | None = None
         if name == "numba" and self.compute_dtype == np.float32:
-            # one fused pass over the feed-forward buffer instead of NumPy's nine
-            from .numba_backend import numba_activation
+            # fused Numba passes for the norms, residual adds and activation
+            from .model_kernels import NumbaOps
 
-            activate = numba_activation
+            ops = NumbaOps(self.config.norm_eps)
+            blas, split = _thread_layout()
+            with blas:
+                return model_layers.forward_chunk(
+                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
+                    split=split,
+                )  # fmt: skip
         with _blas_threads_for(int(x_in.shape[0])):
             return model_layers.forward_chunk(
-                np, self._host, x_in, st, config=self.config, attend=attend, activate=activate
+                np, self._host, x_in, st, config=self.config, attend=attend
             )
 
     def _resolve_backend(self, backend: str) -> str:

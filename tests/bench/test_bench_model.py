@@ -2,10 +2,10 @@
 
 Both embed the same token stream chunk by chunk with carried per-layer state (float64 state, as
 the pipeline runs it), same chunk sizes, in one fresh process, interleaved (runtime, twin,
-runtime, ...) so that a noisy neighbour on the shared 2-core machine hits both; the best of the
-repeats counts.  Two runs: on 2 threads (the twin under torch.no_grad() with
-torch.set_num_threads(2); the runtime with its own thread layout: BLAS held at one thread for
-chunks under 512 tokens via threadpoolctl, the numba kernel's heads in parallel only for large
+runtime, ...) so that a noisy neighbour on the shared 2-core machine hits both, the order
+rotated each repeat; the best of the repeats counts.  Two runs: on 2 threads (the twin under
+torch.no_grad() with torch.set_num_threads(2); the runtime with its own thread layout: BLAS
+held at one thread via threadpoolctl, the numba kernel's heads in parallel only for large
 chunks), then on one thread each (torch.set_num_threads(1); NUMBA_NUM_THREADS=1 and one BLAS
 thread), where a busy second core cannot stall either side's thread pool.
 
@@ -98,8 +98,11 @@ def measure(threads):
         for fn in contenders.values():  # warm-up: JIT, allocator, thread pools
             fn()
         best = dict.fromkeys(contenders, float("inf"))
-        for _ in range(REPEATS):
-            for name, fn in contenders.items():
+        order = list(contenders.items())
+        for rep in range(REPEATS):
+            # rotated each repeat, so that no contender always runs right after the same rival
+            # (torch's thread pool keeps spinning for a while after the twin's calls)
+            for name, fn in order[rep % len(order) :] + order[: rep % len(order)]:
                 best[name] = min(best[name], _timed(fn))
         result["rows"][c] = {k: TOKENS / v for k, v in best.items()}
     result["roof_after"] = roof()
