@@ -12,18 +12,20 @@ not get a core for milliseconds, the chunk then costs what it costs on one threa
 for a thread that is not running (the stall of a statically partitioned pool: BLAS or OpenMP
 threads on a shared 2-vCPU machine ran 64-token chunks up to 10-20x slower).
 
-The helpers are daemon threads shared by every caller of the process (several Beam threads
-may embed at once; each runs what the helpers leave), started on first use; a forked child
-starts its own.  The work must release the GIL to overlap: NumPy's matrix products and the
-`nogil` Numba kernels do; the Python between them is short.
+The helpers are one `concurrent.futures.ThreadPoolExecutor` per thread count, shared by every
+caller of the process (several Beam threads may embed at once; each runs what the helpers
+leave), started on first use; a forked child starts its own.  Taking a range back is
+cancelling its future, which succeeds only while no helper has started it.  The work must
+release the GIL to overlap: NumPy's matrix products and the `nogil` Numba kernels do; the
+Python between them is short.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 __all__ = ["row_split"]
 
@@ -32,73 +34,28 @@ __all__ = ["row_split"]
 # products, plus the hand-offs), so chunks under 2 × MIN_ROWS tokens run on the caller alone.
 MIN_ROWS = 128
 
-_PENDING, _TAKEN = 0, 1
-
-
-class _Range:
-    """One row range: claimed once, by a helper or by the caller; `done` is released after."""
-
-    __slots__ = ("claim_lock", "done", "error", "fn", "rows", "state")
-
-    def __init__(self, fn: Callable[[slice], None], rows: slice) -> None:
-        self.fn, self.rows = fn, rows
-        self.state = _PENDING
-        self.claim_lock = threading.Lock()
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.error: BaseException | None = None
-
-    def claim(self) -> bool:
-        with self.claim_lock:
-            if self.state != _PENDING:
-                return False
-            self.state = _TAKEN
-            return True
-
-    def run(self) -> None:
-        try:
-            self.fn(self.rows)
-        except BaseException as ex:  # handed to the caller, which raises it
-            self.error = ex
-        finally:
-            self.done.release()
-
-
-class _Helpers:
-    def __init__(self, n: int) -> None:
-        self.queue: queue.SimpleQueue[_Range] = queue.SimpleQueue()
-        for i in range(n):
-            threading.Thread(target=self._work, name=f"linstream-rows-{i}", daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            r = self.queue.get()
-            if r.claim():
-                r.run()
-
-
 _lock = threading.Lock()
-_helpers: dict[int, _Helpers] = {}
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def _forget_helpers() -> None:  # a forked child has none of its parent's threads
+def _forget_pools() -> None:  # a forked child has none of its parent's threads
     global _lock
     _lock = threading.Lock()
-    _helpers.clear()
+    _pools.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_helpers)
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _helpers_for(n: int) -> _Helpers:
-    h = _helpers.get(n)
-    if h is None:
+def _pool_for(n: int) -> ThreadPoolExecutor:
+    pool = _pools.get(n)
+    if pool is None:
         with _lock:
-            h = _helpers.get(n)
-            if h is None:
-                h = _helpers[n] = _Helpers(n)
-    return h
+            pool = _pools.get(n)
+            if pool is None:
+                pool = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="linstream-rows")
+    return pool
 
 
 def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | None:
@@ -106,7 +63,7 @@ def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | 
     or None for one thread."""
     if threads <= 1:
         return None
-    helpers = _helpers_for(threads - 1)
+    pool = _pool_for(threads - 1)
 
     def split(fn: Callable[[slice], None], t: int) -> None:
         parts = max(1, min(threads, t // MIN_ROWS))
@@ -114,18 +71,19 @@ def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | 
             fn(slice(0, t))
             return
         bounds = [t * i // parts for i in range(parts + 1)]
-        ranges = [_Range(fn, slice(bounds[i], bounds[i + 1])) for i in range(1, parts)]
-        for r in ranges:
-            helpers.queue.put(r)
+        rows = [slice(bounds[i], bounds[i + 1]) for i in range(1, parts)]
+        handed: list[Future[None]] = [pool.submit(fn, r) for r in rows]
         try:
             fn(slice(bounds[0], bounds[1]))
         finally:
-            for r in ranges:
-                if r.claim():
-                    r.run()
-                r.done.acquire()
-        for r in ranges:
-            if r.error is not None:
-                raise r.error
+            # A range no helper has started is taken back (cancelled) and run here; only a
+            # range a helper is running is waited for.
+            mine = [r for r, f in zip(rows, handed, strict=True) if f.cancel()]
+            for r in mine:
+                fn(r)
+            wait(handed)
+        for f in handed:
+            if not f.cancelled():
+                f.result()  # raises the range's error
 
     return split
