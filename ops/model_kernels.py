@@ -23,17 +23,21 @@ import numba
 import numpy as np
 from numba import prange
 
-from .numba_backend import _FASTMATH, _exp_f32
+from .numba_backend import _FASTMATH, _exp_f32, njit_variant, worth_threads
 
 __all__ = ["NumbaOps"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _ACT_CODES = {"relu": 0, "silu": 1, "gelu_tanh": 2}
 _EMPTY = np.zeros(0, np.float32)
-# From this many elements on, a kernel splits its rows across Numba's threads (about 0.1 ms of
-# work on one core); smaller chunks stay on the calling thread (see _PARALLEL_MIN_WORK in
-# numba_backend for why a parallel region costs on a busy machine).
-_PARALLEL_MIN_ELEMENTS = 1 << 18
+# Work per element for `worth_threads`: a kernel splits its rows across Numba's threads from
+# 2^18 elements on (about 0.1 ms of work on one core); smaller chunks stay on the calling
+# thread (see numba_backend for why a parallel region costs on a busy machine).
+_WORK_PER_ELEMENT = 16
+
+
+def _parallel(a: np.ndarray) -> bool:
+    return worth_threads(a.size * _WORK_PER_ELEMENT)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
@@ -71,7 +75,7 @@ def _residual_row(x, i, r, bias):  # pragma: no cover - compiled
 
 
 def _norm_kernel(parallel: bool) -> Any:
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def norm(x, w, b, eps, out):  # pragma: no cover - compiled
         for i in prange(x.shape[0]):
             _norm_row(x, i, w, b, eps, out)
@@ -80,7 +84,7 @@ def _norm_kernel(parallel: bool) -> Any:
 
 
 def _add_norm_kernel(parallel: bool) -> Any:
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def add_norm(x, r, bias, w, b, eps, out):  # pragma: no cover - compiled
         for i in prange(x.shape[0]):
             _residual_row(x, i, r, bias)
@@ -92,7 +96,7 @@ def _add_norm_kernel(parallel: bool) -> Any:
 def _bias_act_kernel(parallel: bool) -> Any:
     # error_model="numpy": 1 + exp(.) >= 1 never divides by zero, and the check per division
     # would keep LLVM from vectorizing the loop
-    @numba.njit(parallel=parallel, nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
     def bias_act(u, bias, code):  # pragma: no cover - compiled
         """u = act(u + bias) in place on a [T, d] float32 array.  silu(x) = x·σ(x);
         gelu_tanh(x) = x/2·(1 + tanh(y)) = x·σ(2y) with y = sqrt(2/π)(x + 0.044715x³)."""
@@ -131,17 +135,17 @@ class NumbaOps:
 
     def norm(self, x: np.ndarray, wb: tuple[Any, Any]) -> np.ndarray:
         out = np.empty_like(x)
-        _NORM[x.size >= _PARALLEL_MIN_ELEMENTS](x, wb[0], _vec(wb[1]), self.eps, out)
+        _NORM[_parallel(x)](x, wb[0], _vec(wb[1]), self.eps, out)
         return out
 
     def add_norm(
         self, x: np.ndarray, r: np.ndarray, bias: np.ndarray | None, wb: tuple[Any, Any]
     ) -> np.ndarray:
         out = np.empty_like(x)
-        par = x.size >= _PARALLEL_MIN_ELEMENTS
+        par = _parallel(x)
         _ADD_NORM[par](x, r, _vec(bias), wb[0], _vec(wb[1]), self.eps, out)
         return out
 
     def bias_act(self, u: np.ndarray, bias: np.ndarray | None, act: str) -> np.ndarray:
-        _BIAS_ACT[u.size >= _PARALLEL_MIN_ELEMENTS](u, _vec(bias), _ACT_CODES[act])
+        _BIAS_ACT[_parallel(u)](u, _vec(bias), _ACT_CODES[act])
         return u

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+from linstream.ops import model_kernels as mk
 from linstream.ops import numba_backend as nb
 from linstream.ops.rules import gather
 
@@ -57,13 +58,17 @@ def test_serial_cache_is_not_loaded_as_the_parallel_kernel(tmp_path):
     assert third == {"activation": [1, 0], "gather": [1, 0]}  # and the cache still serves it
 
 
-def test_attention_kernel_versions_have_their_own_cache_files():
+def test_every_kernel_pair_has_its_own_cache_files():
     """Without compiling: each (d_k, d_v) pair's serial and parallel kernels, and the other
-    kernels' pairs, are cached under different names."""
+    kernels' pairs (activation, gather, the model's fused passes), are cached under different
+    names."""
     pairs = [
         (nb._causal_kernel(16, 7, False), nb._causal_kernel(16, 7, True)),
         (nb._activation_kernels[False], nb._activation_kernels[True]),
         (gather._heads_kernels[False], gather._heads_kernels[True]),
+        (mk._NORM[False], mk._NORM[True]),
+        (mk._ADD_NORM[False], mk._ADD_NORM[True]),
+        (mk._BIAS_ACT[False], mk._BIAS_ACT[True]),
     ]
     for serial, parallel in pairs:
         assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name
