@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from linstream.ops import load_model
-from linstream.ops import model_runtime as mr
+from linstream.ops import model_blas as mb
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +17,12 @@ def model():
 def test_the_blas_limit_holds_and_is_restored_from_any_thread():
     """threadpoolctl ignores all but one "controlling" thread for a pthreads OpenBLAS: a limit
     set on a worker thread must still take effect, and its end restore the count."""
-    libs = mr._blas_libraries()
+    libs = mb._blas_libraries()
     before = [lib.get_num_threads() for lib in libs]
     seen = []
 
     def inside():
-        with mr._single_threaded_blas():
+        with mb._single_threaded_blas():
             seen.append([lib.get_num_threads() for lib in libs])
 
     inside()  # the main thread first, as a model's first chunk would
@@ -36,8 +36,8 @@ def test_the_blas_limit_holds_and_is_restored_from_any_thread():
 def test_many_callers_share_one_model(model, monkeypatch, threads):
     """Callers on 4 threads at once (BLAS held at one thread by the first in, restored by the
     last out, when the process has more than one) get exactly what each gets alone."""
-    monkeypatch.setattr(mr._single_threaded_blas, "_threads", threads)
-    libs = mr._blas_libraries()
+    monkeypatch.setattr(mb._single_threaded_blas, "_threads", threads)
+    libs = mb._blas_libraries()
     before = [lib.get_num_threads() for lib in libs]
     rng = np.random.default_rng(6)
     print("seed 6")

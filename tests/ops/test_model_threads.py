@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from linstream.ops import load_model
-from linstream.ops import model_runtime as mr
+from linstream.ops import model_blas as mb
 from linstream.ops.model_threads import MIN_ROWS, row_split
 
 
@@ -70,7 +70,7 @@ def test_embeddings_do_not_depend_on_the_thread_layout(model, monkeypatch):
     x = np.random.default_rng(5).integers(0, 4096, 4 * MIN_ROWS + 3)
     whole = {}
     for threads in (1, 2, 4):
-        monkeypatch.setattr(mr._single_threaded_blas, "_threads", threads)
+        monkeypatch.setattr(mb._single_threaded_blas, "_threads", threads)
         whole[threads] = model.embed_chunk(x, None, backend="numba")
     # Row ranges change the products' shapes, and BLAS may round a product of other shapes
     # differently: each layout is within the float32 runtime's 2e-5 per token of the exact
@@ -84,7 +84,7 @@ def test_embeddings_do_not_depend_on_the_thread_layout(model, monkeypatch):
 
 
 def test_many_callers_share_the_helpers(model, monkeypatch):
-    monkeypatch.setattr(mr._single_threaded_blas, "_threads", 2)
+    monkeypatch.setattr(mb._single_threaded_blas, "_threads", 2)
     rng = np.random.default_rng(6)
     seqs = [rng.integers(0, 4096, int(rng.integers(1, 4 * MIN_ROWS))) for _ in range(12)]
     alone = [model.embed_chunk(s, None)[0] for s in seqs]
