@@ -32,6 +32,7 @@ follow the caller:
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import os
 import re
 import threading
@@ -65,6 +66,7 @@ __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 
 BUILTIN_PREFIX = "builtin:"
 _BUILTIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_log = logging.getLogger(__name__)
 _DEVICE_LOCK = threading.Lock()  # guards the per-model device weight caches (uploads)
 
 
@@ -157,6 +159,7 @@ class EmbeddingModel:
         self._numba_direct = not needs_exact_eps(self.feature_map, config.d_head)
         # layers whose rule has no device (CuPy) kernel: the forward then runs on the host
         self.rule_layers = [i for i, ly in enumerate(self._host.layers) if not ly.rule.additive]
+        self._said_host = False  # "auto" chose a GPU but the rule layers keep the model here
         # The weights uploaded to each device (by _Device.cache_key), on first use there.
         self._device_weights: dict[Hashable, _Weights] = {}
 
@@ -375,7 +378,19 @@ class EmbeddingModel:
             self._refuse_device()
         name = resolve_backend(backend)
         if name == "cupy" and self.rule_layers:  # "auto" (or LINSTREAM_BACKEND=cupy)
-            return resolve_backend("numba", allow_fallback=True)
+            host = resolve_backend("numba", allow_fallback=True)
+            if not self._said_host:  # once per model: every chunk comes here
+                self._said_host = True
+                i = self.rule_layers[0]
+                _log.warning(
+                    "model %s: layer %d uses rule %r, which has no CuPy kernel, so this model "
+                    "runs on the CPU (backend %r) although a GPU is available",
+                    self.source,
+                    i,
+                    self.config.layer_rule(i)["rule"],
+                    host,
+                )
+            return host
         return name
 
     def _refuse_device(self) -> None:

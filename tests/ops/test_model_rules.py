@@ -312,3 +312,29 @@ def test_readme_model_rules_example_runs_and_equals_one_pass():
     np.testing.assert_allclose(emb, whole[-1000:], rtol=1e-10, atol=1e-10)
     for a, b in zip(states, whole_states, strict=True):
         np.testing.assert_allclose(a.S, b.S, rtol=1e-10, atol=1e-10)
+
+
+def test_auto_on_a_gpu_machine_says_once_that_a_rule_model_stays_on_the_cpu(monkeypatch, caplog):
+    """On a machine where "auto" picks the GPU, a model with rule layers runs on the Numba CPU
+    kernels, and the log says so once (not once per chunk)."""
+    from linstream.ops import model_runtime
+
+    real = model_runtime.resolve_backend
+
+    def gpu_machine(name, **kw):  # what resolve_backend answers where CuPy has a device
+        return "cupy" if name == "auto" else real(name, **kw)
+
+    cfg = ModelConfig(**SMALL, rules=["additive", "gated"])
+    m = EmbeddingModel(cfg, init_weights(cfg, 0))
+    x = np.arange(6) % 5
+    want = m.embed_chunk(x, None, backend="numba")[0]
+    monkeypatch.setattr(model_runtime, "resolve_backend", gpu_machine)
+    with caplog.at_level("WARNING", logger="linstream.ops.model_runtime"):
+        for _ in range(3):
+            emb, states = m.embed_chunk(x, None, backend="auto")
+    np.testing.assert_array_equal(emb, want)
+    assert all(isinstance(s.S, np.ndarray) for s in states)
+    said = [r.getMessage() for r in caplog.records if r.name == "linstream.ops.model_runtime"]
+    assert len(said) == 1, said
+    assert "layer 1 uses rule 'gated', which has no CuPy kernel" in said[0]
+    assert "runs on the CPU (backend 'numba')" in said[0]
