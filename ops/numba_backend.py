@@ -34,11 +34,10 @@ What makes it fast (measured in tests/bench/test_bench_ops.py, see README):
 - typed zeros everywhere in compute-dtype loops (a literal 0.0 would widen float32 to float64).
 
 elu+1, relu and identity are compiled in; FAVOR+ (a map with parameters) is applied in NumPy first
-and the kernel then runs with identity.  `numba_activation` is the model runtime's feed-forward
-activation (relu, silu, gelu_tanh) in one fused float32 pass, built on the same exp.  No BLAS is
-called, so nothing competes with the kernel's threads.  Kernels are compiled with `cache=True`
-(on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job load them
-instead of compiling.
+and the kernel then runs with identity (the model's fused passes in model_kernels.py use the same
+exp).  No BLAS is called, so nothing competes with the kernel's threads.  Kernels are compiled
+with `cache=True` (on-disk cache next to this file, or NUMBA_CACHE_DIR), so workers of a Beam job
+load them instead of compiling.
 """
 
 from __future__ import annotations
@@ -66,11 +65,9 @@ from .attention_state import AttentionState
 from .feature_maps import EluPlusOne, FeatureMap, Identity, Relu
 
 __all__ = [
-    "ACTIVATION_WORK_PER_VALUE",
     "DEFAULT_CHUNK_SIZE",
     "GATHER_WORK_PER_VALUE",
     "njit_variant",
-    "numba_activation",
     "numba_causal",
     "worth_threads",
 ]
@@ -88,8 +85,6 @@ DEFAULT_CHUNK_SIZE = 64
 # runtime's small chunks).  `worth_threads` is that one decision for every kernel here and in
 # ops/rules; each caller passes its own work measure, converted with a weight per value:
 _PARALLEL_MIN_WORK = 1 << 22
-# the fused activation: one exp and one division per value (parallel from 2^18 values)
-ACTIVATION_WORK_PER_VALUE = 16
 # the rule kernels' input gather (ops/rules/gather.py): parallel from 65,536 values, measured on
 # a 64-token chunk of 8×64 heads (32,768 values): 84 µs serial against 152 µs in a parallel region
 GATHER_WORK_PER_VALUE = 64
@@ -414,53 +409,3 @@ def numba_causal(
     groups = min(h, numba.get_num_threads()) if parallel else 1
     _causal_kernel(f, dv, parallel)(qx, kx, vx, s_new, z_new, out, code, float(eps), c, groups)
     return out, AttentionState(s_new, z_new)
-
-
-_ACT_CODES = {"relu": 0, "silu": 1, "gelu_tanh": 2}
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _activation_kernel(parallel: bool) -> Any:
-    # error_model="numpy": the divisions below never divide by zero (1 + exp(.) >= 1), and
-    # Python's ZeroDivisionError check on each one kept LLVM from vectorizing the loop.
-    @njit_variant(parallel, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-    def act(u, code):  # pragma: no cover - compiled
-        """In place on a C-contiguous [T, d] float32 array, one fused pass per row.
-
-        silu(x) = x·σ(x); gelu_tanh(x) = x/2·(1 + tanh(y)) = x·σ(2y) with
-        y = sqrt(2/π)(x + 0.044715x³), so both need one exp and one division (no cancellation)."""
-        one = np.float32(1)
-        zero = np.float32(0)
-        c1 = np.float32(-2.0 * _SQRT_2_OVER_PI)
-        c3 = np.float32(-2.0 * _SQRT_2_OVER_PI * 0.044715)
-        for i in prange(u.shape[0]):
-            if code == 0:
-                for j in range(u.shape[1]):
-                    x = u[i, j]
-                    u[i, j] = x if x > zero else zero
-            elif code == 1:
-                for j in range(u.shape[1]):
-                    x = u[i, j]
-                    u[i, j] = x / (one + _exp_f32(-x))
-            else:
-                for j in range(u.shape[1]):
-                    x = u[i, j]
-                    u[i, j] = x / (one + _exp_f32(x * (c1 + c3 * x * x)))
-
-    return act
-
-
-_activation_kernels = {p: _activation_kernel(p) for p in (False, True)}
-
-
-def numba_activation(u: np.ndarray, activation: str) -> np.ndarray:
-    """relu, silu or gelu_tanh of a fresh float32 [T, d] buffer, in place (returned).
-
-    The float32 exp is the kernel's vectorizable one; NumPy's version of gelu_tanh takes nine
-    passes over the buffer (tanh among them) where this takes one."""
-    if u.dtype != np.float32 or not u.flags.c_contiguous or u.ndim != 2:
-        msg = f"numba_activation needs a C-contiguous 2-D float32 array, got {u.dtype} {u.shape}"
-        raise TypeError(msg)
-    parallel = worth_threads(u.size * ACTIVATION_WORK_PER_VALUE)
-    _activation_kernels[parallel](u, _ACT_CODES[activation])
-    return u

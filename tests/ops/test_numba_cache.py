@@ -14,23 +14,22 @@ from linstream.ops import model_kernels as mk
 from linstream.ops import numba_backend as nb
 from linstream.ops.rules import gather
 
-# Runs one version of the activation kernel and of the rules' gather, and prints what the
-# dispatchers loaded from the cache.
+# Runs one version of the model's bias + activation pass and of the rules' gather, and prints
+# what the dispatchers loaded from the cache.
 _SCRIPT = """
 import json, sys
 import numpy as np
-from linstream.ops import numba_backend as nb
+from linstream.ops import model_kernels as mk
 from linstream.ops.rules import gather
-from linstream.ops.feature_maps import get_feature_map
 parallel = sys.argv[1] == "parallel"
 u = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
-nb._activation_kernels[parallel](u, 1)
+mk._BIAS_ACT[parallel](u, np.zeros(3, np.float32), 1)
 x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 2, 3)
 out = np.empty((2, 4, 3), np.float32)
 gather._heads_kernels[parallel](x, 2, False, False, out)
 stats = {
     name: (sum(d.stats.cache_hits.values()), sum(d.stats.cache_misses.values()))
-    for name, d in (("activation", nb._activation_kernels[parallel]),
+    for name, d in (("activation", mk._BIAS_ACT[parallel]),
                     ("gather", gather._heads_kernels[parallel]))
 }
 print(json.dumps(stats))
@@ -60,11 +59,10 @@ def test_serial_cache_is_not_loaded_as_the_parallel_kernel(tmp_path):
 
 def test_every_kernel_pair_has_its_own_cache_files():
     """Without compiling: each (d_k, d_v) pair's serial and parallel kernels, and the other
-    kernels' pairs (activation, gather, the model's fused passes), are cached under different
+    kernels' pairs (the rules' gather, the model's fused passes), are cached under different
     names."""
     pairs = [
         (nb._causal_kernel(16, 7, False), nb._causal_kernel(16, 7, True)),
-        (nb._activation_kernels[False], nb._activation_kernels[True]),
         (gather._heads_kernels[False], gather._heads_kernels[True]),
         (mk._NORM[False], mk._NORM[True]),
         (mk._ADD_NORM[False], mk._ADD_NORM[True]),
