@@ -40,9 +40,10 @@ build/typecheck/linstream:
 	ln -sfn ../../../state $@/state
 	ln -sfn ../../../pipeline $@/pipeline
 
-lint: $(VENV)/.test
+lint: $(VENV)/.test build/typecheck/linstream
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	cd build/typecheck && PYTHONPATH=. ../../$(BIN)/lint-imports ../../pyproject.toml
 
 typecheck: $(VENV)/.test build/typecheck/linstream
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml \

@@ -24,7 +24,7 @@ import time
 import apache_beam
 beam_ready = time.time()
 import numpy as np
-from linstream.pipeline.steps import EmbedStep
+from linstream.pipeline.stage.steps import EmbedStep
 step = EmbedStep(sys.argv[1], backend=sys.argv[2])
 step.setup()
 cfg = step.model.config

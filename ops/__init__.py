@@ -10,13 +10,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from linstream.ops.model.config import ModelConfig
+    from linstream.ops.model.runtime import EmbeddingModel, builtin_models, load_model
+    from linstream.ops.model.weights import ModelFileError
+
     from .attention import causal_linear_attention, linear_attention
     from .attention_state import AttentionState
     from .backend import BackendUnavailableError, resolve_backend
     from .feature_maps import FeatureMap, get_feature_map
-    from .model_config import ModelConfig
-    from .model_runtime import EmbeddingModel, builtin_models, load_model
-    from .model_weights import ModelFileError
     from .rules import RULES
 
 #: public name -> the submodule that defines it
@@ -24,15 +25,15 @@ _HOMES = {
     "RULES": "rules",
     "AttentionState": "attention_state",
     "BackendUnavailableError": "backend",
-    "EmbeddingModel": "model_runtime",
+    "EmbeddingModel": "model.runtime",
     "FeatureMap": "feature_maps",
-    "ModelConfig": "model_config",
-    "ModelFileError": "model_weights",
-    "builtin_models": "model_runtime",
+    "ModelConfig": "model.config",
+    "ModelFileError": "model.weights",
+    "builtin_models": "model.runtime",
     "causal_linear_attention": "attention",
     "get_feature_map": "feature_maps",
     "linear_attention": "attention",
-    "load_model": "model_runtime",
+    "load_model": "model.runtime",
     "resolve_backend": "backend",
 }
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from linstream.ops.additive.chunk import DEFAULT_CHUNK_SIZE, chunked_causal
+from linstream.ops.rules.exact_eps import needs_exact_eps, premap, restore_eps
 
 from .attention_state import AttentionState
 from .backend import resolve_backend
 from .checks import check_eps, check_qkv, check_state
-from .chunked import DEFAULT_CHUNK_SIZE, chunked_causal
 from .feature_maps import FeatureMap, Identity, get_feature_map
 from .rules import check_rule, check_rule_backend, rule_causal
-from .rules.exact_eps import needs_exact_eps, premap, restore_eps
 
 __all__ = ["causal_linear_attention", "linear_attention"]
 
@@ -27,7 +27,7 @@ def _compute_dtype(q: Any, k: Any, v: Any) -> np.dtype:
 def _default_chunk_size(backend: str) -> int:
     """Each backend's measured default chunk size (see tests/bench/RESULTS-ops.md)."""
     if backend == "numba":
-        from .numba_backend import DEFAULT_CHUNK_SIZE as numba_default
+        from linstream.ops.additive.numba import DEFAULT_CHUNK_SIZE as numba_default
 
         return int(numba_default)
     return DEFAULT_CHUNK_SIZE
@@ -101,11 +101,11 @@ def causal_linear_attention(
         q, k, log_f = premap(fm, q, k, cdt)
         fm, eps_user, eps, cdt = Identity(), eps, 0.0, q.dtype
     if name == "numba":
-        from .numba_backend import numba_causal
+        from linstream.ops.additive.numba import numba_causal
 
         out, new = numba_causal(q, k, v, state, feature_map=fm, eps=eps, chunk_size=c, dtype=cdt)
     elif name == "cupy":
-        from .cupy_backend import cupy_causal
+        from linstream.ops.additive.cupy import cupy_causal
 
         out, new = cupy_causal(q, k, v, state, feature_map=fm, eps=eps, chunk_size=c, dtype=cdt)
     else:
@@ -137,7 +137,7 @@ def linear_attention(
     fm = get_feature_map(feature_map)
     name = resolve_backend(backend)
     if name == "cupy":
-        from .cupy_backend import xp_cupy as xp_mod
+        from linstream.ops.additive.cupy import xp_cupy as xp_mod
 
         xp: Any = xp_mod()
     else:

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from linstream.ops.model.runtime import builtin_models, load_model
 
 from .attention import causal_linear_attention
-from .model_runtime import builtin_models, load_model
 
 __all__ = ["warm_up"]
 

@@ -10,6 +10,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from linstream.pipeline.io.text_input import ToChunks, read_input
+    from linstream.pipeline.stage.transforms import CausalLinearAttention, EmbedSequences
+
     from .elements import (
         Chunk,
         ChunkCoder,
@@ -18,8 +21,6 @@ if TYPE_CHECKING:
         DeadLetter,
         DeadLetterCoder,
     )
-    from .text_input import ToChunks, read_input
-    from .transforms import CausalLinearAttention, EmbedSequences
 
 __all__ = [
     "CausalLinearAttention",
@@ -35,10 +36,10 @@ __all__ = [
 ]
 
 _WHERE = {
-    "CausalLinearAttention": ".transforms",
-    "EmbedSequences": ".transforms",
-    "ToChunks": ".text_input",
-    "read_input": ".text_input",
+    "CausalLinearAttention": ".stage.transforms",
+    "EmbedSequences": ".stage.transforms",
+    "ToChunks": ".io.text_input",
+    "read_input": ".io.text_input",
     **dict.fromkeys(
         ["Chunk", "ChunkCoder", "ChunkResult", "ChunkResultCoder", "DeadLetter", "DeadLetterCoder"],
         ".elements",

@@ -7,6 +7,10 @@ Array layout: dtype string (e.g. ``<f4``), rank, shape, then the C-ordered littl
 A payload that is not a numeric array (a ragged list, strings, objects) is carried as its repr
 under the kind `unencodable`, so that the stateful stage can dead-letter it instead of the
 coder failing the bundle.
+
+Why one module of ~480 lines: the element classes and their coders are one unit.  The coders are
+registered with Beam where the classes are defined, so that a `Chunk` never meets a runner without
+its coder (Beam would otherwise fall back to pickling it, silently).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """linstream.state: the per-sequence state value, its Arrow codec and the checkpoint store.
 
+    sequence_state  SequenceState: every layer's carried state after a prefix (immutable)
+    codec           its Arrow IPC form (checkpoints), with ipc_bounds (checks before reading)
+    compact         its compact form (the working copy in Beam state)
+    errors          the named errors of this package
+    store/          the checkpoint store (commits, restores, retention, verify, gc)
+
 No Beam here: the pipeline keeps ``encode_state`` bytes in Beam state and commits to a
 ``CheckpointStore``.
 """
@@ -15,9 +21,18 @@ from .errors import (
     SupersededError,
     UnsupportedFormatVersionError,
 )
-from .manifest import DIGEST_BYTES, MAX_DIGESTS, History, OutputSpan
 from .sequence_state import SequenceState
-from .store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome, Head
+from .store import (
+    DIGEST_BYTES,
+    MAX_DIGESTS,
+    CheckpointProblem,
+    CheckpointStore,
+    CommitInfo,
+    CommitOutcome,
+    Head,
+    History,
+    OutputSpan,
+)
 
 __all__ = [
     "DIGEST_BYTES",

@@ -68,7 +68,7 @@ def test_bring_your_own_model_trains_saves_and_embeds_a_folder(tmp_path, monkeyp
     scope: dict = {}
     exec(compile(block, str(README), "exec"), scope)
     assert scope["losses"][-1] < scope["losses"][0]
-    from linstream.ops.model_weights import read_model_header
+    from linstream.ops.model.weights import read_model_header
 
     config, named = read_model_header((tmp_path / "my-model.safetensors").read_bytes())
     assert named == "tokenizer.json" and config.vocab_size == scope["tokenizer"].vocab_size
@@ -104,8 +104,8 @@ def test_bring_your_own_model_trains_saves_and_embeds_a_folder(tmp_path, monkeyp
     args = printed.stdout.split()[2:]  # python, submit.py, then the arguments
     assert f"--model={env['MODEL']}" in args and f"--input={env['INPUT']}" in args
     from apache_beam.options.pipeline_options import PipelineOptions
-    from linstream.pipeline.cli import _check_beam_args
-    from linstream.pipeline.options import LinstreamOptions
+    from linstream.pipeline.app.cli import _check_beam_args
+    from linstream.pipeline.app.options import LinstreamOptions
 
     opts = PipelineOptions(args).view_as(LinstreamOptions)
     assert (opts.model, opts.input) == (env["MODEL"], env["INPUT"])

@@ -2,7 +2,7 @@
 
 This is the Flex Template's launcher program (the launcher image copies it to /template/main.py)
 and what deploy/dataflow/launch.sh runs.  It builds the same graph as `linstream embed`
-(`linstream.pipeline.job.build_embed_pipeline`), then calls `pipeline.run()` and exits: a Flex
+(`linstream.pipeline.app.job.build_embed_pipeline`), then calls `pipeline.run()` and exits: a Flex
 Template launcher must not wait for the job, and a streaming job never finishes.
 
     python deploy/dataflow/submit.py --output gs://B/out --pubsub_subscription projects/P/... \\
@@ -28,8 +28,8 @@ _FALSE = {"false", "0", "no", "off", ""}
 
 def build_parser() -> argparse.ArgumentParser:
     """The job's options: `linstream embed`'s, the streaming sources', and `--wait`."""
-    from linstream.pipeline.job import add_embed_arguments
-    from linstream.pipeline.streaming_sources import add_streaming_args
+    from linstream.pipeline.app.job import add_embed_arguments
+    from linstream.pipeline.io.streaming import add_streaming_args
 
     parser = argparse.ArgumentParser(
         prog="submit.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> Any:
     """Build the embed pipeline from `argv`, run it, and return the `PipelineResult`."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from linstream.pipeline.job import build_embed_pipeline
+    from linstream.pipeline.app.job import build_embed_pipeline
 
     args, beam_args = split_args(sys.argv[1:] if argv is None else list(argv))
     if args.streaming and "--streaming" not in beam_args:

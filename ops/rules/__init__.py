@@ -6,10 +6,11 @@ decay_chunks, delta_chunks                  chunkwise Numba kernels
 rule_causal                                 what `causal_linear_attention(rule=...)` calls
 """
 
-from .decay_chunk import decay_chunks
-from .decay_recurrent import decay_recurrent, gated_recurrent
-from .delta_chunk import delta_chunks
-from .delta_recurrent import delta_recurrent, gated_delta_recurrent, unit_keys
+from linstream.ops.decay.naive import decay_recurrent, gated_recurrent
+from linstream.ops.decay.numba import decay_chunks
+from linstream.ops.delta.naive import delta_recurrent, gated_delta_recurrent, unit_keys
+from linstream.ops.delta.numba import delta_chunks
+
 from .dispatch import DEFAULT_RULE_CHUNK, check_rule_backend, rule_causal
 from .params import DECAYING_RULES, DELTA_RULES, RULES, RuleInputs, check_rule
 

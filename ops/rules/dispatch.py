@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from linstream.ops.attention_state import AttentionState
+from linstream.ops.decay.numba import decay_chunks
+from linstream.ops.delta.numba import delta_chunks
+from linstream.ops.feature_maps import FeatureMap
 
-from ..attention_state import AttentionState
-from ..feature_maps import FeatureMap
-from .decay_chunk import decay_chunks
-from .delta_chunk import delta_chunks
 from .exact_eps import eps_per_token, needs_exact_eps, premap
 from .gather import heads, map_code
 from .params import DECAYING_RULES, RuleInputs

@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from ..feature_maps import FeatureMap
+from linstream.ops.feature_maps import FeatureMap
 
 __all__ = ["eps_per_token", "needs_exact_eps", "premap", "restore_eps"]
 

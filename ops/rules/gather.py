@@ -13,15 +13,16 @@ from typing import Any
 
 import numba
 import numpy as np
+from linstream.ops.feature_maps import EluPlusOne, FeatureMap, Identity, Relu
+from linstream.ops.numba_tools import exp, njit_variant, worth_threads
 from numba import prange
-
-from ..feature_maps import EluPlusOne, FeatureMap, Identity, Relu
-from ..numba_backend import GATHER_WORK_PER_VALUE, njit_variant, worth_threads
-from .fast_exp import fast_exp
 
 __all__ = ["heads", "map_code"]
 
 _IDENTITY, _RELU, _ELU1 = 0, 1, 2
+# Work per value for `worth_threads`: parallel from 65,536 values, measured on a 64-token chunk of
+# 8×64 heads (32,768 values): 84 µs serial against 152 µs in a parallel region.
+GATHER_WORK_PER_VALUE = 64
 
 
 def map_code(fm: FeatureMap) -> int:
@@ -44,7 +45,7 @@ def _head(x, code, unit, ones, out, h):  # pragma: no cover - jitted
         if code == 2:  # branch-free so that the loop vectorizes
             for p in range(d):
                 a = out.dtype.type(x[i, h, p])
-                e = fast_exp(zero if a > zero else a)  # NaN stays NaN
+                e = exp(zero if a > zero else a)  # NaN stays NaN
                 out[h, i, p] = a + one if a > zero else e
         elif code == 1:
             for p in range(d):

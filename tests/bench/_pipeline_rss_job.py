@@ -16,9 +16,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline import Chunk
-from linstream.pipeline.job import _query_metrics
-from linstream.pipeline.steps import RawAttentionStep
-from linstream.pipeline.transforms import _SequenceTransform
+from linstream.pipeline.app.job import _query_metrics
+from linstream.pipeline.stage.steps import RawAttentionStep
+from linstream.pipeline.stage.transforms import _SequenceTransform
 
 H, D = 1, 4
 

@@ -69,7 +69,7 @@ def _numpy_as_cupy() -> Any:
     """A stand-in `cupy` module made of NumPy (dry run only), and cupy_causal pointed at it."""
     import types
 
-    from linstream.ops import cupy_backend
+    from linstream.ops.additive import cupy as cupy_backend
 
     shim = types.ModuleType("cupy_dry_run")
     shim.__getattr__ = lambda name: getattr(np, name)  # type: ignore[method-assign]
@@ -129,9 +129,9 @@ def bf16_bits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_random_splits(n_cases: int, seed: int) -> list[dict[str, Any]]:
+    from linstream.ops.additive.cupy import Bfloat16Bits, cupy_causal
+    from linstream.ops.additive.naive import causal_recurrent
     from linstream.ops.attention_state import AttentionState
-    from linstream.ops.cupy_backend import Bfloat16Bits, cupy_causal
-    from linstream.ops.reference import causal_recurrent
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -294,9 +294,9 @@ def timed(fn: Any, sync: Any, reps: int, warmup: int = 3) -> float:
 
 def throughput(report: dict[str, Any]) -> bool:
     cp = _cupy()
+    from linstream.ops.additive.cupy import Bfloat16Bits, cupy_causal
+    from linstream.ops.additive.naive import causal_recurrent
     from linstream.ops.attention_state import AttentionState
-    from linstream.ops.cupy_backend import Bfloat16Bits, cupy_causal
-    from linstream.ops.reference import causal_recurrent
 
     try:
         import torch
@@ -443,7 +443,7 @@ def throughput(report: dict[str, Any]) -> bool:
 def stage_breakdown(dq: Any, dk: Any, dv: Any, st: Any, sync: Any) -> dict[str, float]:
     """Median ms of each stage of one float32 cupy_causal call at the throughput shape, so a
     later run shows where the time goes (each stage timed alone, on the same data)."""
-    from linstream.ops import cupy_backend as cb
+    from linstream.ops.additive import cupy as cb
     from linstream.ops.feature_maps import get_feature_map
 
     cp = _cupy()

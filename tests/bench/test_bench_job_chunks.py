@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from linstream.ops import load_model
+from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import table_to_chunks, write_chunk_file
-from linstream.pipeline.job import run_embed
-from linstream.pipeline.sample import sample_chunks
 
 from .plotting import IMG_DIR, line_plot
 

@@ -47,8 +47,8 @@ def measure(threads):
     """Run in a subprocess: returns {chunk: {contender: tokens/s}} and the matmul roofs."""
     import torch
     from linstream.ops import load_model
-    from linstream.ops.model_builtin import build
-    from linstream.ops.model_torch import TorchEmbeddingModel
+    from linstream.ops.model.builtin import build
+    from linstream.ops.model.twin import TorchEmbeddingModel
 
     torch.set_num_threads(threads)
     config, weights = build("default")

@@ -65,7 +65,7 @@ def _previous_kernel(commit=BASE_COMMIT):
     root = Path(__file__).resolve().parents[2]
     try:
         src = subprocess.run(
-            ["git", "show", f"{commit}:ops/numba_backend.py"],
+            ["git", "show", f"{commit}:ops/additive/numba.py"],
             cwd=root,
             capture_output=True,
             text=True,

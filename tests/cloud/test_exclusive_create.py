@@ -10,9 +10,13 @@ import uuid
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from helpers.store_faults import CommitWorkers, random_state
 from linstream.state import CheckpointStore, encode_state
-from linstream.state.filesystems import FsspecStorage, UnsafeStorageError, open_storage
-from linstream.state.testing import CommitWorkers, random_state
+from linstream.state.store.filesystems import (
+    FsspecStorage,
+    UnsafeStorageError,
+    open_storage,
+)
 
 N = 8
 FP = "f" * 64

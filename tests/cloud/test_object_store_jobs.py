@@ -10,18 +10,18 @@ import uuid
 
 import numpy as np
 import pytest
+from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
-from linstream.pipeline.job import run_embed
-from linstream.pipeline.sample import sample_chunks
 from linstream.state import CheckpointStore
 
-LINSTREAM = [sys.executable, "-m", "linstream.pipeline.cli"]
+LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 SEQUENCES, CHUNKS, SIZE = 3, 6, 16
 
 
 def _write_tiny_model(path: str) -> str:
-    from linstream.ops.model_config import ModelConfig
-    from linstream.ops.model_weights import init_weights, write_model
+    from linstream.ops.model.config import ModelConfig
+    from linstream.ops.model.weights import init_weights, write_model
 
     config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
     write_model(path, config, init_weights(config, 3))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from linstream.pipeline.options import EMBED_FLAGS
+from linstream.pipeline.app.options import EMBED_FLAGS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 METADATA = DEPLOY / "dataflow" / "flex_template" / "metadata.json"

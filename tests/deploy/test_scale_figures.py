@@ -22,7 +22,7 @@ def test_builtin_model_state_and_commit_bytes(tmp_path: Path) -> None:
     try:
         from linstream.ops import load_model
     except ImportError:  # the model runtime (issue 5) exports it from linstream.ops
-        from linstream.ops.model_runtime import load_model
+        from linstream.ops.model.runtime import load_model
     from linstream.state import CheckpointStore, SequenceState, encode_state
 
     model = load_model("builtin:default")

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.pipeline.elements import Chunk
 from linstream.pipeline.io import chunks_to_table
-from linstream.pipeline.streaming_sources import (
+from linstream.pipeline.io.streaming import (
     ARROW_STREAM_CONTENT_TYPE,
     BadMessage,
     DecodeStreamMessages,
@@ -170,7 +170,7 @@ def test_kafka_read_expands_through_an_expansion_service() -> None:
             "service) to expand ReadFromKafka; without it Beam downloads the Java expansion jar "
             "from Maven Central, which this offline run cannot"
         )
-    from linstream.pipeline.streaming_sources import read_stream_chunks
+    from linstream.pipeline.io.streaming import read_stream_chunks
 
     args = {"kafka_bootstrap": "k:9092", "kafka_topic": "c", "kafka_expansion_service": service}
     p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", "--streaming"]))

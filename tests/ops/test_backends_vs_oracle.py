@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from linstream.ops import AttentionState, causal_linear_attention, linear_attention
-from linstream.ops.reference import causal_quadratic, causal_recurrent, noncausal_quadratic
+from linstream.ops.additive.naive import causal_quadratic, causal_recurrent, noncausal_quadratic
 
 from .conftest import BACKENDS, make_qkv, rel_error, token_error
 

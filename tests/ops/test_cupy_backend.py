@@ -115,7 +115,7 @@ needs_no_gpu = pytest.mark.skipif(
 
 @needs_no_gpu
 def test_cupy_entry_points_raise_without_a_device():
-    from linstream.ops.cupy_backend import cupy_causal, xp_cupy
+    from linstream.ops.additive.cupy import cupy_causal, xp_cupy
 
     with pytest.raises(BackendUnavailableError, match="cupy backend cannot run here"):
         xp_cupy()

@@ -21,14 +21,14 @@ if _REASON is not None:
 
 import cupy as cp  # noqa: E402  (only importable as a device library past the skip)
 from linstream.ops import causal_linear_attention  # noqa: E402
-from linstream.ops import cupy_kernels as ck  # noqa: E402
-from linstream.ops.attention_state import AttentionState  # noqa: E402
-from linstream.ops.cupy_backend import (  # noqa: E402
+from linstream.ops.additive import cupy_kernels as ck  # noqa: E402
+from linstream.ops.additive.cupy import (  # noqa: E402
     Bfloat16Bits,
     CupyKernels,
     NumpyKernels,
     cupy_causal,
 )
+from linstream.ops.attention_state import AttentionState  # noqa: E402
 from linstream.ops.feature_maps import get_feature_map  # noqa: E402
 
 pytestmark = pytest.mark.gpu

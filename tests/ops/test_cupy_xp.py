@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from linstream.ops import cupy_kernels as ck
+from linstream.ops.additive import cupy_kernels as ck
+from linstream.ops.additive.cupy import EmulatedKernels, NumpyKernels, scan_causal
+from linstream.ops.additive.naive import causal_quadratic
 from linstream.ops.attention_state import AttentionState
-from linstream.ops.cupy_backend import EmulatedKernels, NumpyKernels, scan_causal
 from linstream.ops.feature_maps import FeatureMap, get_feature_map
-from linstream.ops.reference import causal_quadratic
 
 
 class SignSplit(FeatureMap):
@@ -376,7 +376,7 @@ def numpy_as_cupy(monkeypatch):
     """cupy_causal with NumPy in place of the cupy module and the emulated kernels."""
     import types
 
-    from linstream.ops import cupy_backend
+    from linstream.ops.additive import cupy as cupy_backend
 
     shim = types.ModuleType("numpy_as_cupy")
     shim.__getattr__ = lambda name: getattr(np, name)
@@ -388,7 +388,7 @@ def numpy_as_cupy(monkeypatch):
 
 @pytest.mark.parametrize("form", ["float32", "float64", "bf16-bits", "ml_dtypes-bf16"])
 def test_cupy_causal_inputs_and_results(numpy_as_cupy, form):
-    from linstream.ops.cupy_backend import Bfloat16Bits
+    from linstream.ops.additive.cupy import Bfloat16Bits
 
     in_dtype = "bfloat16" if "bf16" in form else form
     case = make_case(12, 45, 2, 16, 16, "elu+1", in_dtype)

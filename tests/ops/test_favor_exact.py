@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from linstream.ops import backend as backend_mod
 from linstream.ops import causal_linear_attention, linear_attention
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.ops.backend import cupy_available
 from linstream.ops.feature_maps import KEY_EXP_MAX, FavorPlus
-from linstream.ops.reference import causal_recurrent
 
 SIGMAS = [2.0, 4.0, 8.0]
 BACKENDS = [
@@ -64,8 +64,8 @@ def tolerance(fm, x_all, v, dtype) -> float:
 @pytest.fixture
 def cupy_emulated(monkeypatch):
     """backend="cupy" with NumPy standing in for CuPy and the emulated CUDA kernels."""
-    from linstream.ops import cupy_backend
-    from linstream.ops.cupy_backend import EmulatedKernels
+    from linstream.ops.additive import cupy as cupy_backend
+    from linstream.ops.additive.cupy import EmulatedKernels
 
     shim = types.ModuleType("numpy_as_cupy")
     shim.__getattr__ = lambda name: getattr(np, name)

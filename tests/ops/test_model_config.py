@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from linstream.ops.model_config import ModelConfig
+from linstream.ops.model.config import ModelConfig
 
 FEATURES = {"input_kind": "features", "vocab_size": None, "input_dim": 7}
 

@@ -26,12 +26,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_model
+from linstream.ops.additive.cupy import NumpyKernels, scan_causal
 from linstream.ops.attention import causal_linear_attention
 from linstream.ops.backend import cupy_available
-from linstream.ops.cupy_backend import NumpyKernels, scan_causal
-from linstream.ops.model_device import _Device, exact_eps_attend
-from linstream.ops.model_layers import forward_chunk as _forward_chunk
-from linstream.ops.model_weights import init_weights
+from linstream.ops.model.device import _Device, exact_eps_attend
+from linstream.ops.model.layers import forward_chunk as _forward_chunk
+from linstream.ops.model.weights import init_weights
 
 TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
 FEATURES = ModelConfig(

@@ -22,7 +22,7 @@ if _REASON is not None:
 
 import cupy as cp  # noqa: E402  (only importable as a device library past the skip)
 from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_model  # noqa: E402
-from linstream.ops.model_weights import init_weights  # noqa: E402
+from linstream.ops.model.weights import init_weights  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -134,7 +134,7 @@ def test_device_states_are_not_copied_and_inputs_untouched(builtin):
 @pytest.mark.parametrize("eps", [1e-3, 0.0])
 def test_favor_plus_with_a_key_shift_on_the_device_equals_the_host(eps):
     """FAVOR+ with b = max(0, B - 60) ≈ 24 (d_head = 128): eps must be applied in the unscaled
-    domain on the device as on the host (ops/model_device.py); the CPU tests check the same
+    domain on the device as on the host (ops/model/device.py); the CPU tests check the same
     function through NumPy stand-ins (test_model_device.py)."""
     cfg = ModelConfig(
         input_kind="features", vocab_size=None, input_dim=3, d_model=8, n_layers=2, n_heads=1,

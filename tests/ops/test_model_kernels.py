@@ -5,9 +5,9 @@ import pickle
 import numpy as np
 import pytest
 from linstream.ops import EmbeddingModel, ModelConfig, load_model
-from linstream.ops.model_kernels import NumbaOps
-from linstream.ops.model_layers import XpOps
-from linstream.ops.model_weights import init_weights
+from linstream.ops.model.kernels import NumbaOps
+from linstream.ops.model.layers import XpOps
+from linstream.ops.model.weights import init_weights
 
 # float32 rounding of a result formed in float64 is 2^-24 of it; a norm's output adds the
 # rounding of its float32 input to the float64 statistics (a few ulps over d = 2..128 terms)

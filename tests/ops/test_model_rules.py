@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.ops import EmbeddingModel, ModelConfig, feature_maps, load_model
-from linstream.ops.model_config import retnet_gammas
-from linstream.ops.model_weights import fingerprint, init_weights, weight_specs, write_model
+from linstream.ops.model.config import retnet_gammas
+from linstream.ops.model.weights import fingerprint, init_weights, weight_specs, write_model
 from linstream.state import ModelMismatchError, SequenceState, decode_state, encode_state
 
 SMALL = {"vocab_size": 13, "d_model": 8, "n_layers": 2, "n_heads": 2, "d_head": 4, "d_ff": 12}
@@ -235,8 +235,9 @@ def test_any_split_gives_the_float64_one_pass_embeddings_for_every_rule(seed):
 
 def test_rule_layers_equal_the_ops_call_with_the_projected_gates():
     """One gated_delta layer by hand: projections, gates as documented, then the ops call."""
-    from linstream.ops import causal_linear_attention, model_layers
-    from linstream.ops.model_layers import _norm
+    from linstream.ops import causal_linear_attention
+    from linstream.ops.model import layers as model_layers
+    from linstream.ops.model.layers import _norm
 
     cfg = ModelConfig(**dict(SMALL, n_layers=1), rules=[{"rule": "gated_delta", "tau": 2.0}])
     w = init_weights(cfg, 0)
@@ -317,7 +318,7 @@ def test_readme_model_rules_example_runs_and_equals_one_pass():
 def test_auto_on_a_gpu_machine_says_once_that_a_rule_model_stays_on_the_cpu(monkeypatch, caplog):
     """On a machine where "auto" picks the GPU, a model with rule layers runs on the Numba CPU
     kernels, and the log says so once (not once per chunk)."""
-    from linstream.ops import model_runtime
+    from linstream.ops.model import runtime as model_runtime
 
     real = model_runtime.resolve_backend
 
@@ -329,12 +330,12 @@ def test_auto_on_a_gpu_machine_says_once_that_a_rule_model_stays_on_the_cpu(monk
     x = np.arange(6) % 5
     want = m.embed_chunk(x, None, backend="numba")[0]
     monkeypatch.setattr(model_runtime, "resolve_backend", gpu_machine)
-    with caplog.at_level("WARNING", logger="linstream.ops.model_runtime"):
+    with caplog.at_level("WARNING", logger="linstream.ops.model.runtime"):
         for _ in range(3):
             emb, states = m.embed_chunk(x, None, backend="auto")
     np.testing.assert_array_equal(emb, want)
     assert all(isinstance(s.S, np.ndarray) for s in states)
-    said = [r.getMessage() for r in caplog.records if r.name == "linstream.ops.model_runtime"]
+    said = [r.getMessage() for r in caplog.records if r.name == "linstream.ops.model.runtime"]
     assert len(said) == 1, said
     assert "layer 1 uses rule 'gated', which has no CuPy kernel" in said[0]
     assert "runs on the CPU (backend 'numba')" in said[0]

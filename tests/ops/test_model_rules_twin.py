@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from linstream.ops import ModelConfig, load_model  # noqa: E402
-from linstream.ops.model_runtime import EmbeddingModel  # noqa: E402
-from linstream.ops.model_torch import TorchEmbeddingModel  # noqa: E402
-from linstream.ops.model_torch_rules import (  # noqa: E402
+from linstream.ops.model.runtime import EmbeddingModel  # noqa: E402
+from linstream.ops.model.twin import TorchEmbeddingModel  # noqa: E402
+from linstream.ops.model.twin_rules import (  # noqa: E402
     decaying_attention,
     delta_attention,
     unit_keys,

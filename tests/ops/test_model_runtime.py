@@ -16,8 +16,8 @@ from linstream.ops import (
     builtin_models,
     load_model,
 )
-from linstream.ops.model_builtin import BUILTIN_SPECS, build
-from linstream.ops.model_weights import fingerprint, init_weights
+from linstream.ops.model.builtin import BUILTIN_SPECS, build
+from linstream.ops.model.weights import fingerprint, init_weights
 
 TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
 FEATURES = ModelConfig(
@@ -75,7 +75,7 @@ def test_builtin_script_reproduces_the_shipped_file():
 
 
 def test_builtin_script_check_mode_passes():
-    from linstream.ops.model_builtin import main
+    from linstream.ops.model.builtin import main
 
     assert main(["--check"]) == 0
 
@@ -241,7 +241,7 @@ NO_TORCH = textwrap.dedent(
     assert emb.shape == (50, 128) and np.isfinite(emb2).all()
     assert not any(k == "torch" or k.startswith("torch.") for k in sys.modules), "torch imported"
     try:
-        import linstream.ops.model_torch  # noqa: F401
+        import linstream.ops.model.twin  # noqa: F401
     except ImportError as ex:
         print("model_torch refused:", ex)
     else:

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from linstream.ops import load_model
-from linstream.ops import model_blas as mb
+from linstream.ops.model import blas as mb
 
 
 @pytest.fixture(scope="module")

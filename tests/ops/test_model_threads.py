@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from linstream.ops import load_model
-from linstream.ops import model_blas as mb
-from linstream.ops.model_threads import MIN_ROWS, row_split
+from linstream.ops.model import blas as mb
+from linstream.ops.model.threads import MIN_ROWS, row_split
 
 
 @pytest.mark.parametrize("threads", [2, 3, 5])

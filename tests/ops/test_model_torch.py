@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from linstream.ops import ModelConfig, get_feature_map, load_model, model_layers  # noqa: E402
-from linstream.ops.model_builtin import build  # noqa: E402
-from linstream.ops.model_runtime import EmbeddingModel  # noqa: E402
-from linstream.ops.model_torch import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
-from linstream.ops.model_weights import weight_specs  # noqa: E402
+from linstream.ops import ModelConfig, get_feature_map, load_model  # noqa: E402
+from linstream.ops.model import layers as model_layers  # noqa: E402
+from linstream.ops.model.builtin import build  # noqa: E402
+from linstream.ops.model.runtime import EmbeddingModel  # noqa: E402
+from linstream.ops.model.twin import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
+from linstream.ops.model.weights import weight_specs  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

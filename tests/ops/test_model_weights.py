@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 from linstream.ops import load_model
-from linstream.ops.model_config import ModelConfig
-from linstream.ops.model_weights import (
+from linstream.ops.model.config import ModelConfig
+from linstream.ops.model.weights import (
     ModelFileError,
     fingerprint,
     init_weights,

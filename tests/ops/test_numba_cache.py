@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from linstream.ops import model_kernels as mk
-from linstream.ops import numba_backend as nb
+from linstream.ops.additive import numba as nb
+from linstream.ops.model import kernels as mk
 from linstream.ops.rules import gather
 
 # Runs one version of the model's bias + activation pass and of the rules' gather, and prints
@@ -19,7 +19,7 @@ from linstream.ops.rules import gather
 _SCRIPT = """
 import json, sys
 import numpy as np
-from linstream.ops import model_kernels as mk
+from linstream.ops.model import kernels as mk
 from linstream.ops.rules import gather
 parallel = sys.argv[1] == "parallel"
 u = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)

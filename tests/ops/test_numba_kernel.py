@@ -3,9 +3,8 @@ its paths (heads in parallel, heads on the calling thread), against the float64 
 
 import numpy as np
 import pytest
-from linstream.ops import causal_linear_attention
-from linstream.ops import numba_backend as nb
-from linstream.ops.reference import causal_quadratic
+from linstream.ops import causal_linear_attention, numba_tools
+from linstream.ops.additive.naive import causal_quadratic
 
 from .conftest import make_qkv, rel_error, token_error
 
@@ -20,7 +19,8 @@ TOL = {np.float32: 2e-4, np.float64: 1e-10}
 @pytest.fixture(params=["parallel", "serial"])
 def path(request, monkeypatch):
     """Force the kernel onto one path whatever the size of the input."""
-    monkeypatch.setattr(nb, "_PARALLEL_MIN_WORK", 0 if request.param == "parallel" else 1 << 62)
+    least = 0 if request.param == "parallel" else 1 << 62
+    monkeypatch.setattr(numba_tools, "_PARALLEL_MIN_WORK", least)
     return request.param
 
 
@@ -110,8 +110,8 @@ def test_float32_state_stays_float32_and_inputs_unchanged(path):
 @pytest.mark.parametrize("rows", [3, 2048], ids=["serial", "parallel"])
 def test_numba_activation_matches_numpy(act, rows):
     """The fused one-pass activation against the runtime's NumPy one, far tails included."""
-    from linstream.ops.model_kernels import NumbaOps
-    from linstream.ops.model_runtime import _activation
+    from linstream.ops.model.kernels import NumbaOps
+    from linstream.ops.model.runtime import _activation
 
     rng = np.random.default_rng(rows)
     u = (rng.standard_normal((rows, 512)) * 4).astype(np.float32)
@@ -125,7 +125,7 @@ def test_numba_activation_matches_numpy(act, rows):
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu_tanh"])
 def test_model_with_numba_backend_matches_numpy_backend(act):
     from linstream.ops import EmbeddingModel, ModelConfig
-    from linstream.ops.model_weights import init_weights
+    from linstream.ops.model.weights import init_weights
 
     config = ModelConfig(
         vocab_size=50, d_model=32, n_layers=2, n_heads=2, d_head=16, d_ff=64, activation=act

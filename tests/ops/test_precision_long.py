@@ -2,7 +2,7 @@
 
 Slow (a minute or more): `make slow` or `pytest -m slow -s tests/ops/test_precision_long.py`.
 The sequence is fed in segments of 2^20 tokens with the state carried, as a stream would be.
-The oracle is `linstream.ops.numba_reference.recurrent_float64` (token by token, all float64).
+The oracle is `linstream.ops.additive.naive_numba.recurrent_float64` (token by token, all float64).
 Inputs: q ~ N(0, 0.5²), k ~ N(0, 0.1²) so that φ(k) = elu(k)+1 ≈ 1 and z grows by ≈1 per
 token (the case where a float32 z stalls near 2^24), v ~ 1 + N(0, 0.5²) so outputs stay near 1
 and a relative error is meaningful.  Errors are per token: ‖o_t − ref_t‖ / ‖ref_t‖.
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from linstream.ops import causal_linear_attention
-from linstream.ops.numba_reference import recurrent_float64
+from linstream.ops.additive.naive_numba import recurrent_float64
 
 SEGMENT = 2**20
 D_K = D_V = 4

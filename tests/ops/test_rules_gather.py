@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from linstream.ops import numba_backend as nb
+from linstream.ops import numba_tools
 from linstream.ops.feature_maps import get_feature_map
 from linstream.ops.rules import gather
 
@@ -17,9 +17,9 @@ def test_serial_and_parallel_gathers_agree(name, unit, ones, monkeypatch):
     x = rng.standard_normal((300, 3, 7)).astype(np.float32)
     x[5, 1] = 0.0  # a zero row stays zero when made unit
     fm = get_feature_map(name)
-    monkeypatch.setattr(nb, "_PARALLEL_MIN_WORK", 1 << 62)
+    monkeypatch.setattr(numba_tools, "_PARALLEL_MIN_WORK", 1 << 62)
     serial = gather.heads(x, fm, np.float32, unit=unit, ones=ones)
-    monkeypatch.setattr(nb, "_PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(numba_tools, "_PARALLEL_MIN_WORK", 0)
     parallel = gather.heads(x, fm, np.float32, unit=unit, ones=ones)
     assert serial.shape == (3, 300, 7 + int(ones))
     np.testing.assert_array_equal(serial, parallel)

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from linstream.ops.reference import rule_recurrent
+from linstream.ops.additive.naive import rule_recurrent
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

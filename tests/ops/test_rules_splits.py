@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from linstream.ops import AttentionState, causal_linear_attention
-from linstream.ops.reference import rule_recurrent
+from linstream.ops.additive.naive import rule_recurrent
 
 RULES = ["decay", "gated", "gated-unnormalized", "delta", "gated_delta"]
 MAPS = ["elu+1", "relu", {"name": "favor+", "num_features": 12, "seed": 2}]

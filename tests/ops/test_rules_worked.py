@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from linstream.ops import AttentionState, causal_linear_attention
-from linstream.ops.reference import rule_recurrent
+from linstream.ops.additive.naive import rule_recurrent
 
 K = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])[:, None, :]
 V = np.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0]])[:, None, :]

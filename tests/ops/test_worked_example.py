@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from linstream.ops import causal_linear_attention
-from linstream.ops.reference import causal_quadratic, causal_recurrent
+from linstream.ops.additive.naive import causal_quadratic, causal_recurrent
 
 from .conftest import BACKENDS
 

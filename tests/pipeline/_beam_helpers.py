@@ -60,7 +60,7 @@ def run_transform(
 ) -> Run:
     """Apply `transform.with_exception_handling()` to `chunks` (a list, or a source such as a
     TestStream) on the runner in `options`, FnApiRunner when none is named."""
-    from linstream.pipeline.job import _query_metrics
+    from linstream.pipeline.app.job import _query_metrics
 
     opts = list(options or [])
     if not any(o.startswith("--runner") for o in opts):
@@ -83,8 +83,8 @@ def run_transform(
 
 def write_tiny_model(path: str, seed: int = 0) -> str:
     """A small token model (.safetensors) so that jobs in tests spend little time computing."""
-    from linstream.ops.model_config import ModelConfig
-    from linstream.ops.model_weights import init_weights, write_model
+    from linstream.ops.model.config import ModelConfig
+    from linstream.ops.model.weights import init_weights, write_model
 
     config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
     write_model(path, config, init_weights(config, seed))

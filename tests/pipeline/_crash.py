@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-LINSTREAM = [sys.executable, "-m", "linstream.pipeline.cli"]
+LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
 
 def embed_cmd(model: str, inp: str, out: str, ckpt: str, *extra: str) -> list[str]:

@@ -11,7 +11,7 @@ pipeline chunk (each pipeline chunk starts a kernel chunk).  F is d_k (elu+1, th
 from __future__ import annotations
 
 import numpy as np
-from linstream.ops.reference import rule_recurrent
+from linstream.ops.additive.naive import rule_recurrent
 from linstream.ops.rules import DEFAULT_RULE_CHUNK
 
 #: The per-token inputs ([T, H]) a chunk carries, per rule.

@@ -133,8 +133,8 @@ def test_embed_bad_tokens(tiny_model_path, tmp_path):
 
 
 def test_embed_features_model_and_its_bad_input(tmp_path):
-    from linstream.ops.model_config import ModelConfig
-    from linstream.ops.model_weights import init_weights, write_model
+    from linstream.ops.model.config import ModelConfig
+    from linstream.ops.model.weights import init_weights, write_model
 
     cfg = ModelConfig(
         input_kind="features",

@@ -3,7 +3,7 @@ and the written outputs are the same whichever holds them."""
 
 from __future__ import annotations
 
-import linstream.pipeline.cells as cells
+import linstream.pipeline.stage.cells as cells
 import numpy as np
 import pytest
 from _beam_helpers import run_transform

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 _NO_BEAM = """
 import sys
-from linstream.pipeline.cli import main
+from linstream.pipeline.app.cli import main
 try:
     main(sys.argv[1:])
 except SystemExit:
@@ -41,7 +41,7 @@ def test_version_and_help_show_every_default():
 
     proc = linstream("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"linstream {version('linstream')}"
-    from linstream.pipeline.cli import _DefaultsFormatter, build_parser
+    from linstream.pipeline.app.cli import _DefaultsFormatter, build_parser
 
     parser = build_parser("embed")
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
@@ -88,7 +88,7 @@ def test_version_and_help_show_every_default():
 )
 def test_user_errors_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, expected):
     """In-process `main(argv)` (the script's entry point), stderr as the user sees it."""
-    from linstream.pipeline.cli import main
+    from linstream.pipeline.app.cli import main
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("hello")
@@ -235,7 +235,7 @@ def test_a_stale_temporary_folder_is_removed_and_said(tmp_path, tiny_model_path)
 
 def test_linstream_options_read_both_spellings_and_stay_json():
     from apache_beam.options.pipeline_options import PipelineOptions
-    from linstream.pipeline.options import LinstreamOptions
+    from linstream.pipeline.app.options import LinstreamOptions
 
     argv = ["--checkpoint_dir=gs://b/c", "--resume=true", "--chunk-tokens=512", "--streaming"]
     opts = PipelineOptions(argv).view_as(LinstreamOptions)
@@ -249,7 +249,7 @@ def test_linstream_options_read_both_spellings_and_stay_json():
 
 
 def test_progress_line_shows_total_rate_and_eta():
-    from linstream.pipeline.progress import Progress
+    from linstream.pipeline.stage.progress import Progress
 
     now = [100.0]
     lines: list[str] = []
@@ -295,8 +295,8 @@ def test_a_cold_numba_cache_is_announced_before_the_first_kernel_call(tmp_path, 
 def test_a_restore_failed_dead_letter_exits_3(tmp_path, tiny_model_path):
     """A sequence whose newest checkpoint is corrupt cannot continue: its chunks are dead
     letters (restore_failed) and the job exits 3 even with no --max-dead-letters."""
+    from linstream.pipeline.app.sample import sample_chunks
     from linstream.pipeline.io import write_chunk_file
-    from linstream.pipeline.sample import sample_chunks
 
     chunks = sample_chunks(1, 512, 64, seed=3, vocab_size=256)
     write_chunk_file(str(tmp_path / "a.parquet"), [c for c in chunks if c.index < 4])

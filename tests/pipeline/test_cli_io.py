@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from linstream.pipeline import Chunk
-from linstream.pipeline.cli import main
+from linstream.pipeline.app.cli import main
 from linstream.pipeline.elements import Unencodable
 from linstream.pipeline.io import (
     chunk_schema,

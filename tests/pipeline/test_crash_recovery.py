@@ -12,8 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 from _crash import crash_and_resume, embed_cmd, judge, reference_files, result_rows
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
-from linstream.pipeline.sample import sample_chunks
 
 
 def _dataset(tmp_path, sequences, tokens, size, seed):

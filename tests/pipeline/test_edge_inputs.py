@@ -6,7 +6,7 @@ import numpy as np
 from _beam_helpers import run_transform
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from linstream.ops.reference import causal_recurrent
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 
 SEED = 7

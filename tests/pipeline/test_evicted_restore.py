@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
-from linstream.pipeline.core import SequenceDoFn
 from linstream.pipeline.elements import Chunk, ChunkResult
-from linstream.pipeline.steps import RawAttentionStep
+from linstream.pipeline.stage.dofn import SequenceDoFn
+from linstream.pipeline.stage.steps import RawAttentionStep
 
 
 class _Cell:

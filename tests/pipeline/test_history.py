@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from _beam_helpers import run_transform
 from _crash import judge, result_rows
+from helpers.store_faults import flip_bit
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
-from linstream.state.testing import flip_bit
 
 SEED = 20261201
 
@@ -107,8 +107,8 @@ def test_falling_back_past_a_corrupt_commit_rewrites_its_outputs_once(
     import subprocess
 
     from _crash import embed_cmd
+    from linstream.pipeline.app.sample import sample_chunks
     from linstream.pipeline.io import write_chunk_file
-    from linstream.pipeline.sample import sample_chunks
 
     chunks = sample_chunks(2, 12 * 16, 16, seed=3, shuffle=True, vocab_size=256)
     inp = str(tmp_path / "in.parquet")
@@ -137,7 +137,7 @@ def test_falling_back_past_a_corrupt_commit_rewrites_its_outputs_once(
 
 
 def test_buffer_index_keeps_digests_whole():
-    from linstream.pipeline.ordering import BufferIndex
+    from linstream.pipeline.stage.records import BufferIndex
 
     index = BufferIndex(None)
     digests = {i: bytes([i] * 15 + [0]) for i in (5, 3, 9)}  # trailing NUL bytes

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 from _beam_helpers import run_transform
+from helpers.store_faults import HOSTILE_CASES, make_hostile_commit, random_state
 from linstream.pipeline import CausalLinearAttention, Chunk
-from linstream.pipeline.steps import RawAttentionStep
+from linstream.pipeline.stage.steps import RawAttentionStep
 from linstream.state import CheckpointStore
-from linstream.state.testing import HOSTILE_CASES, make_hostile_commit, random_state
 
 SEED = 20261201
 WORDS = {

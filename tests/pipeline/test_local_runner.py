@@ -12,10 +12,10 @@ import pytest
 from _cli_helpers import linstream
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.local_runner import state_cache_for
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_results, write_chunk_file
-from linstream.pipeline.job import run_embed
-from linstream.pipeline.local_runner import state_cache_for
-from linstream.pipeline.sample import sample_chunks
 
 
 def _runner_mb():

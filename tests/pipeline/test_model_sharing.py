@@ -9,7 +9,7 @@ from _beam_helpers import run_transform, write_tiny_model
 from apache_beam.internal import pickler
 from linstream.ops import load_model
 from linstream.pipeline import Chunk, EmbedSequences
-from linstream.pipeline.steps import EmbedStep
+from linstream.pipeline.stage.steps import EmbedStep
 
 
 def _graph_bytes(transform) -> int:

@@ -9,7 +9,7 @@ from _beam_helpers import run_transform
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from linstream.ops import get_feature_map
-from linstream.ops.reference import causal_recurrent
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
 

@@ -116,7 +116,7 @@ def test_embed_job_dead_letters_poison_rows_and_files_and_keeps_the_rest(tmp_pat
         [
             sys.executable,
             "-m",
-            "linstream.pipeline.cli",
+            "linstream.pipeline.app.cli",
             "embed",
             "--input",
             str(src / "*.parquet"),

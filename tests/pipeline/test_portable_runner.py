@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import pytest
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
-from linstream.pipeline.sample import sample_chunks
 
-LINSTREAM = [sys.executable, "-m", "linstream.pipeline.cli"]
+LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
 
 def _free_port() -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 from _beam_helpers import run_transform
-from linstream.ops.reference import causal_recurrent
+from helpers.store_faults import flip_bit
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
-from linstream.state.testing import flip_bit
 
 SEED = 20261130
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from _beam_helpers import run_transform
 from linstream.pipeline import CausalLinearAttention, Chunk
-from linstream.pipeline.demo import compare_results
+from linstream.pipeline.app.demo import compare_results
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_results, write_chunk_file
-from linstream.pipeline.sample import sample_chunks
 
-LINSTREAM = [sys.executable, "-m", "linstream.pipeline.cli"]
+LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
 
 def raw_chunks(seed, sequences=3, n_chunks=8):

@@ -10,10 +10,10 @@ import pytest
 from _cli_helpers import linstream, one_error_line
 from _crash import crash_and_resume, embed_cmd, reference_files, result_rows
 from linstream.ops import load_model
-from linstream.ops.model_config import ModelConfig
-from linstream.ops.model_weights import init_weights, write_model
+from linstream.ops.model.config import ModelConfig
+from linstream.ops.model.weights import init_weights, write_model
+from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
-from linstream.pipeline.sample import sample_chunks
 
 
 def _rule_model(path, rules, seed=0):

@@ -10,7 +10,7 @@ import pytest
 from _beam_helpers import run_transform
 from _rule_helpers import reference
 from linstream.pipeline import CausalLinearAttention, Chunk
-from linstream.pipeline.steps import BadInput, RawAttentionStep
+from linstream.pipeline.stage.steps import BadInput, RawAttentionStep
 from linstream.state import CheckpointStore
 
 # Fingerprints of the additive step as written into checkpoints before `rule=` existed (computed

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from linstream.pipeline.elements import ChunkResult
-from linstream.pipeline.spans import SpanWriter
+from linstream.pipeline.stage.spans import SpanWriter
 
 
 def _span(out):

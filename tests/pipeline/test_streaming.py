@@ -7,7 +7,7 @@ from _beam_helpers import run_transform
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
 from linstream.ops import get_feature_map
-from linstream.ops.reference import causal_recurrent
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
 

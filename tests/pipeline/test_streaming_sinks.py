@@ -14,11 +14,11 @@ from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
-from linstream.pipeline import publish, streaming_sources
+from linstream.pipeline.app.job import build_embed_pipeline
 from linstream.pipeline.elements import ChunkResult, DeadLetter
-from linstream.pipeline.io import WriteResults, read_dead_letters, read_results
-from linstream.pipeline.job import build_embed_pipeline
-from linstream.pipeline.publish import PublishDeadLetters
+from linstream.pipeline.io import WriteResults, publish, read_dead_letters, read_results
+from linstream.pipeline.io import streaming as streaming_sources
+from linstream.pipeline.io.publish import PublishDeadLetters
 
 WINDOW = 10.0
 TOPIC = "projects/p/topics/dead"

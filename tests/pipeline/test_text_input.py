@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.pipeline import Chunk, ToChunks
 from linstream.pipeline.elements import ChunkCoder, DeadLetterCoder
-from linstream.pipeline.options import UsageError
-from linstream.pipeline.text_input import expand_input, input_token_total, read_input
-from linstream.pipeline.tokenizers import (
+from linstream.pipeline.errors import UsageError
+from linstream.pipeline.io.text_input import expand_input, input_token_total, read_input
+from linstream.pipeline.io.tokenizers import (
     TextTokenizer,
     TokenizerError,
     byte_tokenizer,
@@ -70,8 +70,8 @@ def test_tokenizer_json_round_trip_and_vocabulary_check(tmp_path):
 
 
 def test_a_model_file_names_its_tokenizer_relative_to_its_folder(tmp_path):
-    from linstream.ops.model_config import ModelConfig
-    from linstream.ops.model_weights import init_weights, read_model_header, write_model
+    from linstream.ops.model.config import ModelConfig
+    from linstream.ops.model.weights import init_weights, read_model_header, write_model
 
     byte_tokenizer().save(str(tmp_path / "tok.json"))
     config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)

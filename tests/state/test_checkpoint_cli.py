@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import numpy as np
-from linstream.pipeline import checkpoint_cli
+from helpers.store_faults import flip_bit, random_state, truncate
+from linstream.pipeline.app import checkpoint_cli
 from linstream.state import CheckpointStore
-from linstream.state.testing import flip_bit, random_state, truncate
 
 
 def _store(tmp_path):
@@ -93,7 +93,7 @@ def test_module_does_not_import_beam(tmp_path):
         "pkg = types.ModuleType('linstream.pipeline'); "
         f"pkg.__path__ = [{pipeline_dir!r}]; "
         "sys.modules['linstream.pipeline'] = pkg; "
-        "import linstream.pipeline.checkpoint_cli as c; "
+        "import linstream.pipeline.app.checkpoint_cli as c; "
         f"rc = c.main(['checkpoint', 'verify', {str(tmp_path)!r}]); "
         "assert rc == 0, rc; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'apache_beam']"

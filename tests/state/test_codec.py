@@ -3,6 +3,7 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.store_faults import random_state, rewrite_state_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.state import (
@@ -15,7 +16,6 @@ from linstream.state import (
     decode_state,
     encode_state,
 )
-from linstream.state.testing import random_state, rewrite_state_file
 
 dims = st.integers(1, 5)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.store_faults import random_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.state import CorruptCheckpointError, pack_state, unpack_state
-from linstream.state.testing import random_state
 
 
 @settings(max_examples=30, deadline=None)

@@ -3,8 +3,8 @@
 import dataclasses
 
 import pytest
+from helpers.store_faults import CommitWorkers, random_state
 from linstream.state import CheckpointStore, encode_state
-from linstream.state.testing import CommitWorkers, random_state
 
 FP = "f" * 64
 N = 8

@@ -8,15 +8,15 @@ import sys
 
 import numpy as np
 import pytest
+from helpers.store_faults import random_state
 from linstream.state import CheckpointStore, encode_state
-from linstream.state.testing import random_state
 
 FP = "f" * 64
 
 _CHILD = """
 import json, sys
 from linstream.state import CheckpointStore, decode_state
-from linstream.pipeline.checkpoint_cli import main
+from linstream.pipeline.app.checkpoint_cli import main
 path, root, seq_id = sys.argv[1:4]
 with open(path, "rb") as f:
     st = decode_state(f.read())

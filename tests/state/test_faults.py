@@ -7,19 +7,19 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.store_faults import (
+    flip_bit,
+    random_state,
+    rewrite_state_file,
+    truncate,
+    write_raw_commit,
+)
 from linstream.state import (
     CheckpointStore,
     CorruptCheckpointError,
     ModelMismatchError,
     UnsupportedFormatVersionError,
     encode_state,
-)
-from linstream.state.testing import (
-    flip_bit,
-    random_state,
-    rewrite_state_file,
-    truncate,
-    write_raw_commit,
 )
 
 FP = "f" * 64

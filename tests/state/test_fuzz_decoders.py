@@ -6,11 +6,11 @@ mutated state file may decode only to the very state it held: padding bytes carr
 from __future__ import annotations
 
 import pytest
+from helpers.store_faults import random_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from linstream.state import CheckpointError, CheckpointStore, decode_state, encode_state
-from linstream.state.manifest import Manifest
-from linstream.state.testing import random_state
+from linstream.state.store.manifest import Manifest
 
 _STATES = [
     random_state(0, (1, 2, 3, 4)),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from linstream.state import CheckpointStore, decode_state
-from linstream.state.paths import encode_seq_dir
+from linstream.state.store.paths import encode_seq_dir
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE / "golden" / "format-1"

@@ -10,15 +10,15 @@ import subprocess
 import sys
 
 import pytest
-from linstream.state import CheckpointError, CheckpointStore, CorruptCheckpointError
-from linstream.state import errors as state_errors
-from linstream.state.codec import decode_state
-from linstream.state.testing import (
+from helpers.store_faults import (
     HOSTILE_CASES,
     compressed_state_file,
     make_hostile_commit,
     random_state,
 )
+from linstream.state import CheckpointError, CheckpointStore, CorruptCheckpointError
+from linstream.state import errors as state_errors
+from linstream.state.codec import decode_state
 
 CASES = sorted(HOSTILE_CASES)
 
@@ -151,7 +151,7 @@ def test_restore_checks_the_model_state_shape(tmp_path):
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "linstream.pipeline.checkpoint_cli", "checkpoint", *args],
+        [sys.executable, "-m", "linstream.pipeline.app.checkpoint_cli", "checkpoint", *args],
         capture_output=True,
         text=True,
         timeout=120,  # a FIFO that blocked a reader would hit this

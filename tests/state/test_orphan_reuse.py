@@ -3,8 +3,8 @@
 import os
 import time
 
+from helpers.store_faults import random_state
 from linstream.state import CheckpointStore
-from linstream.state.testing import random_state
 
 
 def test_reused_orphan_gets_a_fresh_grace_period(tmp_path):

@@ -4,9 +4,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers.store_faults import random_state
 from linstream.ops import AttentionState
 from linstream.state import SequenceState
-from linstream.state.testing import random_state
 
 
 def test_arrays_are_copied_and_read_only():

@@ -9,14 +9,14 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.store_faults import flip_bit, random_state, reseal_manifest, write_raw_commit
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 from linstream.state import CheckpointStore, CorruptCheckpointError, decode_state, encode_state
 from linstream.state import codec as codec_mod
-from linstream.state import store as store_mod
 from linstream.state.codec import DigestHint, digest_of_bytes, state_digest, tensor_ranges
-from linstream.state.manifest import split_file_hash
-from linstream.state.testing import flip_bit, random_state, reseal_manifest, write_raw_commit
+from linstream.state.store import checkpoint_store as store_mod
+from linstream.state.store.manifest import split_file_hash
 
 FP = "f" * 64
 

@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+from helpers.store_faults import flip_bit, random_state, truncate
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 from linstream.state import (
@@ -23,8 +24,7 @@ from linstream.state import (
     SupersededError,
     encode_state,
 )
-from linstream.state.paths import decode_seq_dir, encode_seq_dir
-from linstream.state.testing import flip_bit, random_state, truncate
+from linstream.state.store.paths import decode_seq_dir, encode_seq_dir
 
 FP = "f" * 64
 
@@ -296,8 +296,8 @@ def test_store_round_trip_is_bit_exact(shape, dtype, seed, seq_id):
 
 def test_checks_run_in_the_documented_order(tmp_path):
     """format version before size/hash; fingerprint before identity and digest."""
+    from helpers.store_faults import rewrite_state_file, write_raw_commit
     from linstream.state import UnsupportedFormatVersionError
-    from linstream.state.testing import rewrite_state_file, write_raw_commit
 
     st0 = random_state(13)
     data = encode_state(st0)
@@ -316,7 +316,7 @@ def test_checks_run_in_the_documented_order(tmp_path):
 
 
 def test_filesystem_without_exclusive_create_is_refused():
-    from linstream.state.filesystems import FsspecStorage
+    from linstream.state.store.filesystems import FsspecStorage
 
     storage = FsspecStorage("memory://linstream-noexcl")
 

@@ -3,8 +3,8 @@
 import json
 
 import pytest
+from helpers.store_faults import random_state
 from linstream.state import CheckpointStore, CorruptCheckpointError
-from linstream.state.testing import random_state
 
 
 @pytest.mark.parametrize("claimed", [1 << 40, 1 << 33], ids=["1TiB", "8GiB"])

@@ -1,0 +1,117 @@
+"""Chunkwise Numba kernel for the delta rules (WY / UT-transform form), one head per `prange`.
+
+The gated delta step S_i = α_i (I - β_i k_i k_iᵀ) S_{i-1} + β_i k_i v_iᵀ is, with
+u_i = β_i (v_i - α_i S_{i-1}ᵀ k_i),  S_i = α_i S_{i-1} + k_i u_iᵀ.  Unrolled over a chunk of n
+tokens from S_0, with G_i = Σ_{j≤i} log α_j (0 for the plain delta rule):
+
+    S_i = e^{G_i} S_0 + Σ_{j≤i} e^{G_i - G_j} k_j u_jᵀ
+    u_i = β_i v_i - β_i e^{G_i} S_0ᵀk_i - Σ_{j<i} β_i e^{G_i - G_j} (k_i·k_j) u_j
+
+so (I + L) U = B V - B e^{G} K S_0 with L strictly lower, L_ij = β_i e^{G_i - G_j} k_i·k_j.
+The UT transform T = (I + L)^{-1} (lower unitriangular, by forward substitution on n×n) gives
+
+    U = T (B V) - T (B e^{G} K) S_0                      (the WY pseudo-values and keys)
+    Y = e^{G} Q S_0 + (Q Kᵀ ⊙ D) U,   D_ij = e^{G_i - G_j} for j ≤ i, else 0
+    S_n = e^{G_n} S_0 + (e^{G_n - G} ⊙ K)ᵀ U
+
+All exponents are ≤ 0.  Chunk math runs in the compute dtype; the contribution is added to the
+state in the state's dtype.  z is not used by these rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from linstream.ops.numba_tools import exp
+from numba import prange
+
+__all__ = ["delta_chunks"]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jitted
+    """qh [H, T, F], kh [H, T, F] (unit keys), vh [H, T, d_v] in the compute dtype; log_a, beta
+    [H, T] float64; s [H, F, d_v] the state, updated in place; out [H, T, d_v]."""
+    nh, t, f = qh.shape
+    dv = vh.shape[2]
+    for h in prange(nh):
+        g = np.empty(c, np.float64)
+        qg = np.empty((c, f), qh.dtype)
+        kb = np.empty((c, f), qh.dtype)
+        kd = np.empty((c, f), qh.dtype)
+        vb = np.empty((c, dv), qh.dtype)
+        for c0 in range(0, t, c):
+            n = min(c, t - c0)
+            acc = 0.0
+            for i in range(n):
+                acc += log_a[h, c0 + i]
+                g[i] = acc
+            gn = g[n - 1]
+            qc = qh[h, c0 : c0 + n]
+            kc = kh[h, c0 : c0 + n]
+            vc = vh[h, c0 : c0 + n]
+            sc = s[h].astype(qh.dtype)
+            for i in range(n):
+                b = beta[h, c0 + i]
+                eg = qh.dtype.type(math.exp(g[i]))
+                ebg = qh.dtype.type(b * math.exp(g[i]))
+                ek = qh.dtype.type(math.exp(gn - g[i]))
+                for p in range(f):
+                    qg[i, p] = qc[i, p] * eg
+                    kb[i, p] = kc[i, p] * ebg
+                    kd[i, p] = kc[i, p] * ek
+                bb = qh.dtype.type(b)
+                for p in range(dv):
+                    vb[i, p] = vc[i, p] * bb
+            kk = np.dot(kc, kc.T)
+            tt = np.zeros((n, n), qh.dtype)  # T = (I + L)^{-1} of this chunk
+            # T = (I + L)^{-1} row by row: T_i = e_i - Σ_{j<i} L_ij T_j  (T_j is zero past j)
+            for i in range(n):
+                tt[i, i] = 1
+                bi = qh.dtype.type(beta[h, c0 + i])
+                for j in range(i):  # L_ij = β_i e^{G_i - G_j} k_i·k_j, in place of k_i·k_j
+                    kk[i, j] *= bi * exp(qh.dtype.type(g[i] - g[j]))
+                for j in range(i):
+                    lij = kk[i, j]
+                    for r in range(j + 1):
+                        tt[i, r] -= lij * tt[j, r]
+            u = np.dot(tt, vb[:n]) - np.dot(np.dot(tt, kb[:n]), sc)
+            a = np.dot(qc, kc.T)
+            for i in range(n):
+                for j in range(i + 1):
+                    a[i, j] *= exp(qh.dtype.type(g[i] - g[j]))
+                for j in range(i + 1, n):
+                    a[i, j] = 0
+            y = np.dot(qg[:n], sc) + np.dot(a, u)
+            for i in range(n):
+                for p in range(dv):
+                    out[h, c0 + i, p] = y[i, p]
+            upd = np.dot(kd[:n].T, u)
+            eg = math.exp(gn)
+            for p in range(f):
+                for r in range(dv):
+                    s[h, p, r] = s[h, p, r] * eg + upd[p, r]
+
+
+def delta_chunks(
+    qh: np.ndarray,
+    kh: np.ndarray,
+    vh: np.ndarray,
+    s: np.ndarray,
+    log_gate: np.ndarray,
+    beta: np.ndarray,
+    *,
+    chunk_size: int,
+) -> np.ndarray:
+    """Head-major inputs (ops/rules/gather.py): qh [H, T, F], kh [H, T, F] unit keys, vh
+    [H, T, d_v], one compute dtype; s [H, F, d_v] the state in the state dtype, updated in
+    place; log_gate, beta [H, T] float64.  Returns out [H, T, d_v]."""
+    t = qh.shape[1]
+    out = np.empty(vh.shape, dtype=qh.dtype)
+    c = max(1, min(int(chunk_size), t))
+    lg = np.ascontiguousarray(log_gate, dtype=np.float64)
+    bt = np.ascontiguousarray(beta, dtype=np.float64)
+    _delta_chunks(qh, kh, vh, lg, bt, s, out, c)
+    return out

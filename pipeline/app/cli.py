@@ -1,0 +1,414 @@
+"""The `linstream` command line: sample, embed, demo, checkpoint inspect|verify|gc.
+
+Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
+missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
+`--max-dead-letters` rule; 130 stopped by SIGINT; 143 stopped by SIGTERM.  Every error is one
+line on stderr; `-v` adds the traceback.  `linstream --help` and `linstream checkpoint ...` import
+no Beam (the embed parser is only built for `linstream embed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import logging
+import os
+import shlex
+import sys
+import traceback
+from typing import Any, NoReturn
+
+__all__ = [
+    "EXIT_DEAD_LETTERS",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEAD_LETTERS = 0, 1, 2, 3
+_PROG = "linstream"
+_log = logging.getLogger("linstream.cli")
+
+
+class _Usage(Exception):
+    """A usage error found by the command line itself (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `linstream embed: error: ... (see linstream embed --help)`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless the help already names it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.required
+            or not action.option_strings
+            or action.default is argparse.SUPPRESS
+            or action.nargs == 0  # flags: --help, --version, store_true
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+_DEFAULTS = _DefaultsFormatter
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("linstream")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# -- commands -----------------------------------------------------------------------------------
+def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
+    from .sample import model_input, write_sample
+
+    vocab, dim = (args.vocab_size, args.input_dim)
+    if vocab is None and dim is None:
+        vocab, dim = model_input(args.model)
+    paths = write_sample(
+        args.output,
+        args.sequences,
+        args.tokens,
+        args.chunk_size,
+        args.seed,
+        shuffle=args.shuffle,
+        duplicates=args.duplicates,
+        vocab_size=vocab,
+        input_dim=dim,
+        files=args.files,
+    )
+    n_chunks = args.sequences * -(-args.tokens // args.chunk_size) + args.duplicates
+    print(
+        f"wrote {n_chunks} chunks ({args.sequences} sequences x {args.tokens} tokens, "
+        f"chunk size {args.chunk_size}) to {', '.join(paths)}"
+    )
+    return EXIT_OK
+
+
+def _note(line: str) -> None:
+    print(f"linstream embed: {line}", file=sys.stderr, flush=True)
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    argv = list(args.argv)
+    if not args.resume:
+        argv.append("--resume")
+    return shlex.join([_PROG, *argv])
+
+
+_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
+
+
+def _runner_of(rest: list[str]) -> str:
+    for i, a in enumerate(rest):
+        if a.startswith("--runner="):
+            return a.split("=", 1)[1]
+        if a == "--runner" and i + 1 < len(rest):
+            return rest[i + 1]
+    return "FnApiRunner"
+
+
+def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> None:
+    from .stopping import remove_stale_temporaries, result_files
+
+    runner = _runner_of(rest)
+    if runner.rsplit(".", 1)[-1] not in _LOCAL_RUNNERS:
+        print(
+            f"linstream embed: stopped by {signame}: stopped waiting; the job goes on running on "
+            f"{runner} (cancel it there)",
+            file=sys.stderr,
+        )
+        return
+    output = str(args.output).rstrip("/")
+    removed = remove_stale_temporaries(output)
+    local = "://" not in output
+    if local:
+        files = f"{result_files(output):,} result file(s) finalized under {output}/results"
+    else:
+        files = f"the result files under {output}/results are finalized"
+    tidy = f", {len(removed)} temporary folder(s) removed" if removed else ""
+    if args.checkpoint_dir:
+        tail = f"resume with: {_resume_command(args)}"
+    else:
+        tail = "nothing can be resumed without --checkpoint-dir (run it again to start over)"
+    print(f"linstream embed: stopped by {signame}: {files}{tidy}; {tail}", file=sys.stderr)
+
+
+def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
+    from .job import dead_letter_verdict, run_embed
+    from .stopping import Stopped, run_stoppable
+
+    _check_beam_args(rest)
+    try:
+        summary = run_stoppable(lambda: run_embed(args, rest, log=_note))
+    except Stopped as stop:
+        _report_stop(args, str(stop), rest)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped
+    out = str(args.output).rstrip("/")
+    where = f" in {out}/dead_letters/" if summary.dead_letters else ""
+    print(f"linstream embed: {summary.line()}")
+    print(f"linstream embed: {summary.dead_letter_line()}{where}")
+    print(f"results in {out}/results/")
+    verdict = dead_letter_verdict(summary, args.max_dead_letters)
+    if verdict:
+        print(f"linstream embed: exit 3: {verdict}", file=sys.stderr)
+        return EXIT_DEAD_LETTERS
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from .demo import run_demo
+
+    _check_beam_args(rest)
+    return run_demo(args, rest)
+
+
+def _check_beam_args(rest: list[str]) -> None:
+    """Refuse what is neither a linstream option nor a Beam pipeline option (typos)."""
+    if not rest:
+        return
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    from . import options as _options  # registers LinstreamOptions' spellings
+
+    class _Quiet(_BeamArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise _Usage(message)
+
+    parser = _Quiet(allow_abbrev=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # the same parsers Beam itself builds
+    _, unknown = parser.parse_known_args(rest)
+    if not unknown:
+        return
+    bad = unknown[0]
+    name = bad.split("=", 1)[0]
+    known = [s for s in parser._option_string_actions if s.startswith("--")]
+    known += [s for f in _options.EMBED_FLAGS for s in f.spellings()]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    if not name.startswith("-"):
+        msg = f"unexpected argument {bad!r}"
+    else:
+        msg = f"unknown option {name}{hint} (not a linstream option nor a Beam pipeline option)"
+    raise _Usage(msg)
+
+
+# -- parsers ------------------------------------------------------------------------------------
+def _verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="more log lines (-vv: debug); show tracebacks of errors",
+    )
+
+
+def _add_sample(sub: Any) -> None:
+    p = sub.add_parser(
+        "sample", help="write a synthetic chunk dataset (Parquet)", formatter_class=_DEFAULTS
+    )
+    p.add_argument("--output", required=True, help="directory for the chunk files")
+    p.add_argument("--sequences", type=int, default=4, help="number of sequences")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per sequence")
+    p.add_argument("--chunk-size", type=int, default=1024, help="tokens per chunk")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the data")
+    p.add_argument("--shuffle", action="store_true", help="scramble the chunk order")
+    p.add_argument("--duplicates", type=int, default=0, help="chunks to repeat")
+    p.add_argument("--files", type=int, default=1, help="number of files")
+    p.add_argument("--model", default="builtin:default", help="model whose inputs to sample")
+    p.add_argument("--vocab-size", type=int, default=None, help="token ids in [0, V)")
+    p.add_argument("--input-dim", type=int, default=None, help="feature vectors instead")
+    _verbose(p)
+    p.set_defaults(func=_cmd_sample)
+
+
+_EMBED_HELP = "embed text or chunked sequences (other options are Beam pipeline options)"
+_EMBED_DESCRIPTION = (
+    "Embed sequences: a folder of text files, JSON Lines or Parquet text rows, token lists, or "
+    "chunk Parquet.  Results go to <output>/results/ (Parquet), rejected input to "
+    "<output>/dead_letters/ (JSON Lines).  Options not listed here must be Beam pipeline "
+    "options (e.g. --runner, --direct_num_workers=2 --direct_running_mode=multi_processing); "
+    "the runner defaults to FnApiRunner.  Exit status: 0 ok, 1 failed, 2 usage error, "
+    "3 dead letters past --max-dead-letters, 130/143 stopped by SIGINT/SIGTERM."
+)
+
+
+def _add_embed(sub: Any, full: bool) -> None:
+    p = sub.add_parser(
+        "embed", help=_EMBED_HELP, description=_EMBED_DESCRIPTION, formatter_class=_DEFAULTS
+    )
+    if full:  # imports Beam: only when the command is `embed`
+        from .job import add_embed_arguments
+
+        add_embed_arguments(p)
+        _verbose(p)
+    p.set_defaults(func=_cmd_embed)
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="sample, embed part, stop, resume the rest, check against one run",
+        formatter_class=_DEFAULTS,
+    )
+    p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    p.add_argument("--sequences", type=int, default=4, help="number of sequences")
+    p.add_argument("--tokens", type=int, default=32768, help="tokens per sequence")
+    p.add_argument("--chunk-size", type=int, default=2048, help="tokens per chunk")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the data")
+    p.add_argument("--model", default="builtin:default", help="model spec or .safetensors")
+    p.add_argument(
+        "--backend", default="auto", choices=("auto", "numpy", "numba", "cupy"), help="kernels"
+    )
+    _verbose(p)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _add_checkpoint(sub: Any) -> None:
+    from .checkpoint_cli import add_checkpoint_parser
+
+    parser = add_checkpoint_parser(sub)
+    _verbose(parser)
+
+
+def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
+    """The `linstream` parser; the embed options are only added when `command` is `embed`."""
+    parser = _Parser(
+        prog=_PROG,
+        description="Causal linear attention over unbounded sequences, as an Apache Beam job.",
+        epilog="Start with `linstream embed --input my-texts/ --output out/`; "
+        "`linstream COMMAND --help` shows each command's options and defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"linstream {_version()}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log lines; tracebacks of errors"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_sample(sub)
+    _add_embed(sub, full=command == "embed")
+    _add_demo(sub)
+    _add_checkpoint(sub)
+    return parser
+
+
+def _command_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+_LOGGERS = ("", "linstream", "linstream.progress", "apache_beam")
+
+
+class _StderrHandler(logging.Handler):
+    """The bare message on whatever `sys.stderr` is at the time (progress lines)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed stream: nowhere to show it
+            print(record.getMessage(), file=sys.stderr, flush=True)
+
+
+def _setup_logging(verbose: int) -> dict[str, int]:
+    """Set the log levels for this command; returns the previous ones (restored at the end, so
+    that `main()` called in a process of its own leaves its logging as it found it)."""
+    before = {name: logging.getLogger(name).level for name in _LOGGERS}
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("linstream").setLevel(level)
+    progress = logging.getLogger("linstream.progress")
+    progress.setLevel(logging.INFO)
+    if verbose >= 2:
+        logging.getLogger().setLevel(logging.INFO)
+    if verbose == 0:  # the runner logs worker failures with their tracebacks; -v shows them
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    if not any(isinstance(h, _StderrHandler) for h in progress.handlers):
+        progress.addHandler(_StderrHandler())
+        progress.propagate = False
+    return before
+
+
+_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LookupError)
+
+
+def _one_line(ex: BaseException) -> str:
+    """A runner error's message can hold whole tracebacks: keep its last informative line."""
+    lines = [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
+    if not lines:
+        return type(ex).__name__
+    named = [ln for ln in lines if ln.split(":", 1)[0].endswith(("Error", "Exception"))]
+    line = named[-1] if named else lines[-1]
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
+def _fail(prog: str, ex: BaseException, code: int, verbose: int) -> int:
+    if verbose:
+        traceback.print_exception(ex)
+    hint = "" if verbose or code == EXIT_USAGE else " (-v shows the traceback)"
+    print(f"{prog}: error: {_one_line(ex)}{hint}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_of(argv)
+    parser = build_parser(command)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command not in ("embed", "demo"):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    levels = _setup_logging(verbose)
+    try:
+        return _run(args, rest, argv, verbose)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _run(args: argparse.Namespace, rest: list[str], argv: list[str], verbose: int) -> int:
+    args.argv = [a for a in argv if a not in ("-v", "-vv", "--verbose")]
+    prog = f"{_PROG} {args.command}"
+    try:
+        if args.command in ("sample", "embed", "demo"):
+            rc = args.func(args, rest)
+        else:
+            rc = args.func(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: stopped by SIGINT", file=sys.stderr)
+        return 130
+    except _Usage as ex:
+        return _fail(prog, ex, EXIT_USAGE, verbose)
+    except Exception as ex:
+        from_run = type(ex).__name__ == "JobFailed"
+        user = not from_run and isinstance(ex, _USER_ERRORS)
+        if type(ex).__name__ == "BackendUnavailableError":
+            user = True
+        return _fail(prog, ex, EXIT_USAGE if user else EXIT_FAILURE, verbose)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

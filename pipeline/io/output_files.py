@@ -1,0 +1,326 @@
+"""Output files: results as sharded Parquet under ``<output>/results/``, dead letters as JSON
+Lines under ``<output>/dead_letters/``, their Beam writers, and reading them back.
+
+Result rows: ``seq_id``, ``chunk_index``, ``start_position`` int64, and ``embeddings``
+list<fixed_size_list<float32, d>> (emit="tokens") or ``embedding`` fixed_size_list<float32, d>
+(emit="mean"|"last"), readable in one call: ``pd.read_parquet("<output>/results")``; nothing
+else lives there but hidden names.  Dead letters: one object a line (seq_id, chunk_index,
+reason, message).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import uuid
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io import fileio
+from apache_beam.options.value_provider import StaticValueProvider
+from apache_beam.transforms.window import GlobalWindow
+from linstream.pipeline.elements import ChunkResult, DeadLetter
+
+__all__ = [
+    "DEAD_LETTERS_DIR",
+    "DEAD_LETTERS_PREFIX",
+    "RESULTS_DIR",
+    "RESULTS_PREFIX",
+    "WriteDeadLetters",
+    "WriteResults",
+    "read_dead_letters",
+    "read_results",
+    "result_schema",
+    "results_to_table",
+]
+
+RESULTS_DIR = "results"
+RESULTS_PREFIX = "results"
+DEAD_LETTERS_DIR = "dead_letters"
+DEAD_LETTERS_PREFIX = "dead-letters"
+
+
+def result_schema(width: int, emit: str) -> pa.Schema:
+    vec = pa.list_(pa.float32(), width)
+    payload = (
+        pa.field("embeddings", pa.list_(vec)) if emit == "tokens" else pa.field("embedding", vec)
+    )
+    return pa.schema(
+        [
+            pa.field("seq_id", pa.string()),
+            pa.field("chunk_index", pa.int64()),
+            pa.field("start_position", pa.int64()),
+            payload,
+        ]
+    )
+
+
+def _result_batch(r: ChunkResult, schema: pa.Schema, width: int, emit: str) -> pa.RecordBatch:
+    flat = np.ascontiguousarray(r.output, dtype=np.float32).reshape(-1)
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), width)  # no copy
+    payload: pa.Array = (
+        pa.ListArray.from_arrays(pa.array([0, len(vec)], pa.int32()), vec)
+        if emit == "tokens"
+        else vec
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([r.seq_id], pa.string()),
+            pa.array([int(r.index)], pa.int64()),
+            pa.array([int(r.start_position)], pa.int64()),
+            payload,
+        ],
+        schema=schema,
+    )
+
+
+def results_to_table(results: list[ChunkResult], width: int, emit: str) -> pa.Table:
+    """One record batch per result, each viewing the result's array (no concatenation)."""
+    schema = result_schema(width, emit)
+    return pa.Table.from_batches([_result_batch(r, schema, width, emit) for r in results], schema)
+
+
+def _window_file_naming(prefix: str, suffix: str, job_token: str) -> Any:
+    """fileio naming unique per job, window, pane and shard.
+
+    ``<prefix>-<job>-<shard>-of-<n><suffix>`` in the global window (batch), and
+    ``<prefix>-<job>-<start>-<end>-p<pane>-<shard>-of-<n><suffix>`` per window (streaming).
+    Beam's default naming leaves out the pane (a window that fires twice would overwrite its
+    first files) and the job (a second job on one output would overwrite the first's).
+    """
+
+    def name(
+        window: Any,
+        pane: Any,
+        shard_index: int | None,
+        total_shards: int | None,
+        compression: str | None,
+        destination: Any,
+    ) -> str:
+        parts = [prefix, job_token]
+        if not isinstance(window, GlobalWindow):
+            for ts in (window.start, window.end):
+                parts.append(ts.to_utc_datetime().strftime("%Y%m%dT%H%M%S.%fZ"))
+            parts.append(f"p{pane.index if pane is not None else 0}")
+        if shard_index is not None and total_shards is not None:
+            parts.append(f"{int(shard_index):05d}-of-{int(total_shards):05d}")
+        ext = f".{compression}" if compression else ""
+        return "-".join(parts) + suffix + ext
+
+    return name
+
+
+def _job_token() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+class _ParquetTableSink(fileio.FileSink):
+    """Writes Arrow tables to one Parquet file, each table one row group; no dictionary
+    encoding (dense float vectors gain nothing from it and it costs 4x the write time)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._writer: pq.ParquetWriter | None = None
+
+    def open(self, fh: Any) -> None:
+        self._writer = pq.ParquetWriter(fh, self.schema, use_dictionary=False)
+
+    def write(self, record: pa.Table) -> None:
+        assert self._writer is not None
+        self._writer.write_table(record, row_group_size=max(1, record.num_rows))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class _SinkFactory:
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+
+    def __call__(self, _destination: Any = None) -> _ParquetTableSink:
+        return _ParquetTableSink(self.schema)
+
+
+def _output_bytes(result: ChunkResult) -> int:
+    return max(1, int(np.asarray(result.output).nbytes))
+
+
+class WriteResults(beam.PTransform):
+    """Write `ChunkResult`s as Parquet files under ``<output>/results/``.
+
+    Results are batched per window (`beam.BatchElements`, by output bytes) so that each row
+    group holds about ``row_group_bytes`` of embeddings, then written with Beam's fileio
+    (temporary files under ``<output>/.temp-results-<job>``, then a move), in batch and, with
+    windowed input, in streaming: file names are unique per job, window, pane and shard.
+    num_shards: files per window (0: one per writer).
+    """
+
+    def __init__(
+        self,
+        output: str,
+        width: int,
+        emit: str = "tokens",
+        num_shards: int = 0,
+        *,
+        row_group_bytes: int = 8 << 20,
+    ) -> None:
+        super().__init__()
+        self.output, self.width, self.emit, self.num_shards = output, width, emit, num_shards
+        self.row_group_bytes = int(row_group_bytes)
+        self.job_token = _job_token()
+
+    def expand(self, results: Any) -> Any:
+        folder = _join(self.output, RESULTS_DIR)
+        return (
+            results
+            | "Batch"
+            >> beam.BatchElements(
+                min_batch_size=self.row_group_bytes,
+                max_batch_size=self.row_group_bytes,
+                element_size_fn=_output_bytes,
+                record_metrics=False,
+            )
+            | "ToArrow" >> beam.Map(results_to_table, self.width, self.emit)
+            | "WriteParquet"
+            >> fileio.WriteToFiles(
+                path=folder,
+                file_naming=_window_file_naming(RESULTS_PREFIX, ".parquet", self.job_token),
+                sink=_SinkFactory(result_schema(self.width, self.emit)),
+                shards=self.num_shards or None,
+                temp_directory=StaticValueProvider(
+                    str, _join(self.output, f".temp-results-{self.job_token}")
+                ),
+            )
+        )
+
+
+def _dead_letter_json(d: DeadLetter) -> str:
+    return json.dumps(d.as_dict(), sort_keys=True)
+
+
+def _text_sink(_destination: Any = None) -> fileio.TextSink:
+    return fileio.TextSink()
+
+
+class WriteDeadLetters(beam.PTransform):
+    """Write `DeadLetter`s as JSON Lines files under ``<output>/dead_letters/`` (one object a
+    line: seq_id, chunk_index, reason, message), named per job, window, pane and shard.
+
+    topic: also publish each dead letter to this Pub/Sub topic (`PublishDeadLetters`;
+    ``publisher_factory`` replaces the Pub/Sub client, e.g. in tests).
+    """
+
+    def __init__(
+        self, output: str, *, topic: str | None = None, publisher_factory: Any = None
+    ) -> None:
+        super().__init__()
+        self.output, self.topic, self.publisher_factory = output, topic, publisher_factory
+        self.job_token = _job_token()
+
+    def expand(self, dead: Any) -> Any:
+        if self.topic:
+            from .publish import PublishDeadLetters
+
+            _ = dead | "Publish" >> PublishDeadLetters(self.topic, self.publisher_factory)
+        return (
+            dead
+            | "ToJson" >> beam.Map(_dead_letter_json)
+            | "WriteJsonLines"
+            >> fileio.WriteToFiles(
+                path=_join(self.output, DEAD_LETTERS_DIR),
+                file_naming=_window_file_naming(DEAD_LETTERS_PREFIX, ".jsonl", self.job_token),
+                sink=_text_sink,
+                temp_directory=StaticValueProvider(
+                    str, _join(self.output, f".temp-dead-letters-{self.job_token}")
+                ),
+            )
+        )
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}" if "://" in base else os.path.join(base, name)
+
+
+def _visible_files(folder: str, legacy: str | None = None) -> tuple[Any, list[str]]:
+    """(fsspec filesystem or None for local, sorted file paths under `folder`), leaving out
+    hidden names (a path part starting with "." or "_"), as pyarrow.dataset does; plus the
+    files matching the glob `legacy` beside `folder` (the flat layout of earlier versions)."""
+    if "://" in folder and not folder.startswith("file://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(folder)
+        try:
+            found = fs.find(root)
+        except FileNotFoundError:
+            found = []
+        root = root.rstrip("/")
+        old = fs.glob(f"{root.rpartition('/')[0]}/{legacy}") if legacy else []
+        rel = [(p, p[len(root) :].lstrip("/")) for p in found if p.startswith(root)]
+    else:
+        fs, root = None, folder.removeprefix("file://")
+        rel = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+            for f in filenames:
+                path = os.path.join(dirpath, f)
+                rel.append((path, os.path.relpath(path, root)))
+        old = glob.glob(os.path.join(os.path.dirname(root.rstrip("/")), legacy)) if legacy else []
+    visible = [
+        p for p, r in rel if r and not any(part.startswith((".", "_")) for part in r.split("/"))
+    ]
+    return fs, sorted(visible) + sorted(old)
+
+
+def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
+    """{(seq_id, chunk_index): (start_position, output)} from the Parquet files under
+    ``<output>/results/`` (any depth; and the flat ``results-*.parquet`` of earlier versions),
+    on local disk or any fsspec URL."""
+    out: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+    fs, paths = _visible_files(_join(output, RESULTS_DIR), f"{RESULTS_PREFIX}-*.parquet")
+    for path in paths:
+        if fs is None:
+            table = pq.read_table(path)
+        else:
+            with fs.open(path, "rb") as f:
+                table = pq.read_table(f)
+        col = "embeddings" if "embeddings" in table.column_names else "embedding"
+        arr = table.column(col).combine_chunks()
+        if col == "embeddings":
+            width = arr.type.value_type.list_size
+            offsets = arr.offsets.to_numpy()
+            flat = arr.values.values.to_numpy().reshape(-1, width)
+            rows = [flat[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+        else:
+            width = arr.type.list_size
+            rows = list(arr.values.to_numpy().reshape(-1, width))
+        seqs = table.column("seq_id").to_pylist()
+        idxs = table.column("chunk_index").to_pylist()
+        starts = table.column("start_position").to_pylist()
+        for s, i, p, r in zip(seqs, idxs, starts, rows, strict=True):
+            key = (s, int(i))
+            if key in out and not np.array_equal(out[key][1], r):
+                msg = f"{output}: chunk {key} appears twice with different outputs"
+                raise ValueError(msg)
+            out[key] = (int(p), np.array(r))
+    return out
+
+
+def read_dead_letters(output: str) -> list[dict[str, Any]]:
+    """Every dead letter in the JSON Lines files under ``<output>/dead_letters/`` (any depth;
+    and the ``dead_letters.jsonl`` of earlier versions), on local disk or any fsspec URL."""
+    fs, paths = _visible_files(_join(output, DEAD_LETTERS_DIR), "dead_letters.jsonl")
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        if fs is None:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = fs.cat_file(path).decode("utf-8")
+        out.extend(json.loads(line) for line in text.splitlines() if line.strip())
+    return out

@@ -1,0 +1,449 @@
+"""From files to chunks: text files, JSON Lines, Parquet text rows, token lists and chunk Parquet.
+
+`read_input(pipeline, args)` is the embed job's reader: it looks at `--input` where the pipeline
+is built (so a missing input or an unreadable tokenizer is a usage error, not a failed worker),
+reads each file on the workers, tokenizes, cuts every sequence into chunks of `--chunk-tokens`
+tokens (the last one `final=True`), and returns `(chunks, dead_letters)`.  A file or a row that
+cannot be read or tokenized becomes a dead letter naming the file (and line or row), and the job
+goes on.
+
+`ToChunks` is the same cutting as a PTransform for pipelines of your own: `(seq_id, text)` or
+`(seq_id, token ids)` elements, bounded or unbounded, each one whole sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from linstream.pipeline.elements import Chunk, DeadLetter
+from linstream.pipeline.errors import UsageError
+
+from .special_files import not_a_regular_file, special_file_message
+from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
+
+__all__ = ["DEAD_LETTERS", "ToChunks", "detect_format", "expand_input", "read_input"]
+
+DEAD_LETTERS = "dead_letters"
+NAMESPACE = "linstream"
+_GLOB = set("*?[")
+_TEXT_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def _counter_dead(reason: str) -> None:
+    Metrics.counter(NAMESPACE, "dead_letters").inc()
+    Metrics.counter(NAMESPACE, f"dead_letters.{reason}").inc()
+
+
+def cut(seq_id: str, tokens: np.ndarray, chunk_tokens: int) -> Iterator[Chunk]:
+    """Chunks of `chunk_tokens` tokens (the last may be shorter), 0-based, the last `final`."""
+    n = max(1, -(-len(tokens) // chunk_tokens))
+    for i in range(n):
+        part = np.ascontiguousarray(tokens[i * chunk_tokens : (i + 1) * chunk_tokens])
+        yield Chunk(seq_id, i, part, final=i == n - 1)
+
+
+class _ToChunksFn(beam.DoFn):
+    def __init__(self, tokenizer: TextTokenizer, chunk_tokens: int) -> None:
+        self.tokenizer, self.chunk_tokens = tokenizer, chunk_tokens
+
+    def process(self, element: Any) -> Iterator[Any]:
+        try:
+            seq_id, payload = element
+        except (TypeError, ValueError):
+            yield _dead(repr(element)[:80], "bad_input_row", "expected (seq_id, text or tokens)")
+            return
+        seq_id = str(seq_id)
+        try:
+            tokens = self._tokens(payload)
+        except (ValueError, TypeError, UnicodeDecodeError, TokenizerError) as ex:
+            yield _dead(seq_id, "untokenizable", f"sequence {seq_id!r}: {ex}")
+            return
+        if len(tokens) == 0:
+            yield _dead(seq_id, "empty_sequence", f"sequence {seq_id!r} has no tokens")
+            return
+        yield from cut(seq_id, tokens, self.chunk_tokens)
+
+    def _tokens(self, payload: Any) -> np.ndarray:
+        if isinstance(payload, str):
+            return self.tokenizer.encode(payload)
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            return self.tokenizer.encode_bytes(bytes(payload))
+        arr = np.asarray(payload)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            msg = f"expected text or a flat list of integer token ids, got {payload!r:.80}"
+            raise ValueError(msg)
+        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+            msg = f"token ids must be in [0, 2**31), got {int(arr.min())}..{int(arr.max())}"
+            raise ValueError(msg)
+        return arr.astype(np.int32)
+
+
+def _dead(seq_id: str, reason: str, message: str) -> beam.pvalue.TaggedOutput:
+    _counter_dead(reason)
+    return beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(seq_id, None, reason, message))
+
+
+class ToChunks(beam.PTransform):
+    """`(seq_id, text)` or `(seq_id, token ids)` elements -> `Chunk`s of `chunk_tokens` tokens.
+
+    tokenizer: `builtin:bytes` (default), a tokenizer.json path or URL, or a `TextTokenizer`.
+    Each element is one whole sequence; chunk indexes start at 0 and the last chunk is final.
+    Bounded or unbounded input alike.  `.with_exception_handling()` returns
+    `(chunks, dead_letters)`; without it elements that cannot be tokenized are dropped (and
+    counted under `linstream` `dead_letters.<reason>`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: str | TextTokenizer | None = None,
+        chunk_tokens: int = 2048,
+        *,
+        vocab_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+            msg = f"chunk_tokens must be an int >= 1, got {chunk_tokens!r}"
+            raise ValueError(msg)
+        tok = tokenizer if isinstance(tokenizer, TextTokenizer) else resolve_tokenizer(tokenizer)
+        if vocab_size is not None:
+            tok.check_fits(vocab_size, f"with vocab_size {vocab_size}")
+        self.tokenizer, self.chunk_tokens = tok, chunk_tokens
+        self._with_errors = False
+
+    def with_exception_handling(self) -> ToChunks:
+        other = ToChunks(self.tokenizer, self.chunk_tokens)
+        other._with_errors = True
+        return other
+
+    def expand(self, pcoll: Any) -> Any:
+        out = pcoll | "Cut" >> beam.ParDo(
+            _ToChunksFn(self.tokenizer, self.chunk_tokens)
+        ).with_outputs(DEAD_LETTERS, main="chunks")
+        chunks, dead = out.chunks, out[DEAD_LETTERS]
+        chunks.element_type, dead.element_type = Chunk, DeadLetter
+        return (chunks, dead) if self._with_errors else chunks
+
+
+# -- reading files on the workers ---------------------------------------------------------------
+class _ReadSequences(beam.DoFn):
+    """(root, path) -> (seq_id, text | bytes | tokens) per sequence in the file."""
+
+    def __init__(self, fmt: str, id_column: str, payload_column: str) -> None:
+        self.fmt, self.id_column, self.payload_column = fmt, id_column, payload_column
+
+    def process(self, item: tuple[str, str]) -> Iterator[Any]:
+        root, path = item
+        Metrics.counter(NAMESPACE, "input_files").inc()
+        kind = not_a_regular_file(path)
+        if kind is not None:  # a FIFO would block the open
+            msg = f"{path}: {special_file_message(kind)}"
+            yield _dead(_relative_id(root, path), "unreadable_file", msg)
+            return
+        try:
+            if self.fmt == "text":
+                with FileSystems.open(path) as fh:
+                    yield (_relative_id(root, path), bytes(fh.read()))
+            elif self.fmt in ("jsonl", "tokens-jsonl"):
+                yield from self._json_lines(path)
+            else:
+                yield from self._parquet_rows(path)
+        except Exception as ex:  # any reader error: that file is a dead letter, the job goes on
+            seq = _relative_id(root, path)
+            yield _dead(seq, "unreadable_file", f"{path}: {type(ex).__name__}: {ex}")
+
+    def _json_lines(self, path: str) -> Iterator[Any]:
+        with FileSystems.open(path) as fh:
+            for line_no, raw in enumerate(iter(fh.readline, b""), 1):
+                if not raw.strip():
+                    continue
+                where = f"{path}:{line_no}"
+                try:
+                    row = json.loads(raw)
+                except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+                    yield _dead(where, "bad_input_row", f"{where}: not a JSON object ({ex})")
+                    continue
+                yield self._row(row, where)
+
+    def _parquet_rows(self, path: str) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        with FileSystems.open(path) as fh:
+            pf = pq.ParquetFile(fh)
+            missing = {self.id_column, self.payload_column} - set(pf.schema_arrow.names)
+            if missing:
+                msg = (
+                    f"expected columns {self.id_column!r} and {self.payload_column!r}, "
+                    f"missing {sorted(missing)} (has {pf.schema_arrow.names})"
+                )
+                raise ValueError(msg)
+            row_no = 0
+            for batch in pf.iter_batches(columns=[self.id_column, self.payload_column]):
+                ids = batch.column(0).to_pylist()
+                texts = batch.column(1).to_pylist()
+                for seq_id, text in zip(ids, texts, strict=True):
+                    row_no += 1
+                    yield self._row(
+                        {self.id_column: seq_id, self.payload_column: text}, f"{path}#{row_no}"
+                    )
+
+    def _row(self, row: Any, where: str) -> Any:
+        if not isinstance(row, dict):
+            msg = f"{where}: expected a JSON object, got {row!r:.60}"
+            return _dead(where, "bad_input_row", msg)
+        seq_id, payload = row.get(self.id_column), row.get(self.payload_column)
+        if seq_id is None or payload is None:
+            msg = (
+                f"{where}: expected {self.id_column!r} and {self.payload_column!r}, "
+                f"got keys {sorted(row)}"
+            )
+            return _dead(where, "bad_input_row", msg)
+        if self.fmt != "tokens-jsonl" and not isinstance(payload, str):
+            msg = f"{where}: {self.payload_column!r} must be a string, got {payload!r:.60}"
+            return _dead(str(seq_id), "bad_input_row", msg)
+        return (str(seq_id), payload)
+
+
+def _relative_id(root: str, path: str) -> str:
+    if "://" in path or "://" in root:
+        rel = posixpath.relpath(path, root) if path.startswith(root) else path
+        return rel.replace(os.sep, "/")
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+# -- what --input names, where the pipeline is built -------------------------------------------
+def _root_of(pattern: str) -> str:
+    """The folder part of a pattern before its first glob character."""
+    head = pattern
+    for i, ch in enumerate(pattern):
+        if ch in _GLOB:
+            head = pattern[:i]
+            break
+    return head if head.endswith(("/", os.sep)) else (posixpath.dirname(head) or ".")
+
+
+def expand_input(spec: str) -> list[tuple[str, str]]:
+    """(root, path) of every file `--input` names: folders (all files below them, hidden ones
+    skipped), files, globs, comma-separated.  Raises UsageError when something matches nothing."""
+    out: list[tuple[str, str]] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if "://" not in item and os.path.isdir(item):
+            found = []
+            for dirpath, dirnames, filenames in os.walk(item):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                found += [os.path.join(dirpath, f) for f in filenames if not f.startswith(".")]
+            if not found:
+                msg = f"--input {item}: the folder has no files"
+                raise UsageError(msg)
+            out += [(item, p) for p in sorted(found)]
+            continue
+        if "://" not in item and not (_GLOB & set(item)) and not os.path.exists(item):
+            msg = f"--input {item}: no such file or folder"
+            raise UsageError(msg)
+        pattern = item + "**" if item.endswith("/") else item
+        if not (_GLOB & set(pattern)):
+            if not FileSystems.exists(pattern):
+                msg = f"--input {item}: no such file or folder"
+                raise UsageError(msg)
+            out.append((_root_of(pattern), pattern))
+            continue
+        try:
+            metas = FileSystems.match([pattern])[0].metadata_list
+        except Exception as ex:  # BeamIOError for an unknown scheme or an unreachable bucket
+            msg = f"--input {item}: cannot list it ({ex})"
+            raise UsageError(msg) from ex
+        if not metas:
+            msg = f"--input {item}: no file matches"
+            raise UsageError(msg)
+        root = _root_of(pattern)
+        out += [(root, m.path) for m in sorted(metas, key=lambda m: m.path)]
+    if not out:
+        msg = "--input is empty"
+        raise UsageError(msg)
+    return out
+
+
+def detect_format(paths: list[str], id_column: str, text_column: str, tokens_column: str) -> str:
+    """`--input-format auto`: Parquet files by their columns, JSON Lines by their first row,
+    anything else as text files.  Only regular files are looked into (a FIFO would block):
+    with none, the input is text (and each file a dead letter)."""
+    first = next((p for p in paths if not_a_regular_file(p) is None), None)
+    if first is None:
+        return "text"
+    low = first.lower()
+    if low.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            with FileSystems.open(first) as fh:
+                names = pq.read_schema(fh).names
+        except Exception as ex:  # not Parquet, truncated, unreadable
+            msg = f"--input {first}: not a readable Parquet file ({ex})"
+            raise UsageError(msg) from ex
+        if "chunk_index" in names:
+            return "chunks"
+        if text_column in names:
+            return "parquet-text"
+        msg = (
+            f"--input {first}: a Parquet file with columns {names}; expected chunk rows "
+            f"(seq_id, chunk_index, final, tokens) or a {text_column!r} column "
+            "(set --text-column / --input-format)"
+        )
+        raise UsageError(msg)
+    if low.endswith(_TEXT_SUFFIXES):
+        row = _first_json_row(first)
+        if isinstance(row, dict) and text_column in row:
+            return "jsonl"
+        if isinstance(row, dict) and tokens_column in row:
+            return "tokens-jsonl"
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        msg = (
+            f"--input {first}: JSON Lines rows with keys {keys}; expected {id_column!r} and "
+            f"{text_column!r} (or {tokens_column!r}); set --text-column / --input-format"
+        )
+        raise UsageError(msg)
+    return "text"
+
+
+def _first_json_row(path: str) -> Any:
+    try:
+        with FileSystems.open(path) as fh:
+            for raw in iter(fh.readline, b""):
+                if raw.strip():
+                    return json.loads(raw)
+    except Exception as ex:  # unreadable or not JSON
+        msg = f"--input {path}: not readable as JSON Lines ({ex})"
+        raise UsageError(msg) from ex
+    return None
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    if isinstance(args, dict):
+        return args.get(name, default)
+    return getattr(args, name, default)
+
+
+def _model_vocab(model: str) -> tuple[int | None, str]:
+    """(vocab_size or None for a features model, input kind) of a model spec."""
+    if model.startswith("builtin:"):
+        from linstream.ops import load_model
+
+        cfg = load_model(model).config
+    else:
+        from linstream.ops.model.weights import read_model_header
+
+        with FileSystems.open(model) as fh:
+            head = bytes(fh.read(8))
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            cfg, _ = read_model_header(head + bytes(fh.read(min(n, 100_000_000))), name=model)
+    return (cfg.vocab_size if cfg.input_kind == "tokens" else None), cfg.input_kind
+
+
+def input_plan(args: Any) -> tuple[str, list[tuple[str, str]], TextTokenizer | None]:
+    """(format, files, tokenizer) of the job's `--input`, checked against the model."""
+    spec = _get(args, "input")
+    if not spec:
+        msg = "--input is required (a folder of text files, a file or a glob), or --streaming"
+        raise UsageError(msg)
+    files = expand_input(str(spec))
+    id_col = _get(args, "id_column", "id")
+    text_col = _get(args, "text_column", "text")
+    tokens_col = _get(args, "tokens_column", "tokens")
+    fmt = _get(args, "input_format", "auto") or "auto"
+    if fmt == "auto":
+        fmt = detect_format([p for _, p in files], id_col, text_col, tokens_col)
+    if fmt == "chunks":
+        return fmt, files, None
+    model = str(_get(args, "model", "builtin:default"))
+    vocab, kind = _model_vocab(model)
+    if vocab is None:
+        msg = f"--input-format {fmt} gives token ids, but model {model} reads {kind} vectors"
+        raise UsageError(msg)
+    tokenizer = None
+    if fmt != "tokens-jsonl":
+        try:
+            tokenizer = resolve_tokenizer(_get(args, "tokenizer"), model)
+            tokenizer.check_fits(vocab, model)
+        except TokenizerError as ex:
+            raise UsageError(str(ex)) from ex
+    return fmt, files, tokenizer
+
+
+def read_input(pipeline: Any, args: Any) -> tuple[Any, Any]:
+    """Add the job's reader to `pipeline`: `(chunks, dead_letters)` PCollections.
+
+    `args` holds the `linstream embed` options (a namespace or a dict): input, input_format,
+    id_column, text_column, tokens_column, tokenizer, chunk_tokens, model.  Raises UsageError
+    for an input that matches nothing, an unreadable tokenizer or one that does not fit the model.
+    """
+    fmt, files, tokenizer = input_plan(args)
+    if fmt == "chunks":
+        from . import ReadChunks
+
+        spec = str(_get(args, "input"))
+        if any("://" not in item and os.path.isdir(item) for item in spec.split(",")):
+            spec = ",".join(p for _, p in files if p.endswith(".parquet"))  # a folder's files
+        chunks = pipeline | "ReadChunks" >> ReadChunks(spec)
+        dead = pipeline | "NoReadDeadLetters" >> beam.Create([]).with_output_types(DeadLetter)
+        return chunks, dead
+    column = _get(args, "tokens_column", "tokens") if fmt == "tokens-jsonl" else None
+    column = column or _get(args, "text_column", "text")
+    read = (
+        pipeline
+        | "InputFiles" >> beam.Create(files)
+        | "SpreadFiles" >> beam.Reshuffle()
+        | "ReadSequences"
+        >> beam.ParDo(_ReadSequences(fmt, _get(args, "id_column", "id"), column)).with_outputs(
+            DEAD_LETTERS, main="sequences"
+        )
+    )
+    chunk_tokens = int(_get(args, "chunk_tokens", 2048))
+    chunks, cut_dead = (
+        read.sequences | "ToChunks" >> ToChunks(tokenizer, chunk_tokens).with_exception_handling()
+    )
+    read_dead = read[DEAD_LETTERS]
+    read_dead.element_type = DeadLetter
+    dead = (read_dead, cut_dead) | "ReadDeadLetters" >> beam.Flatten()
+    return chunks, dead
+
+
+def input_token_total(args: Any, max_files: int = 1000) -> int | None:
+    """Tokens the input holds, counted cheaply before the run (Parquet footers; file sizes for
+    text read by `builtin:bytes`), or None when that would mean reading the data."""
+    try:
+        fmt, files, tokenizer = input_plan(args)
+    except UsageError:
+        return None
+    if len(files) > max_files:
+        return None
+    if fmt == "text" and tokenizer is not None and tokenizer.is_bytes:
+        metas = FileSystems.match([p for _, p in files])
+        return sum(m.metadata_list[0].size_in_bytes for m in metas if m.metadata_list)
+    if fmt != "chunks":
+        return None
+    import pyarrow.parquet as pq
+
+    total = 0
+    for _, path in files:
+        if not_a_regular_file(path) is not None:  # never opened: the reader dead-letters it
+            continue
+        try:
+            with FileSystems.open(path) as fh:
+                meta = pq.ParquetFile(fh).metadata
+        except Exception:  # unreadable: the reader dead-letters or fails it; no total
+            return None
+        cols = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        leaf = next((i for i, c in enumerate(cols) if c.startswith("tokens.")), None)
+        if leaf is None:
+            return None
+        total += sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
+    return total

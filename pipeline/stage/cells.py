@@ -1,0 +1,172 @@
+"""A sequence's Beam state, as the stateful stage reads and writes it: one packed cell, two bags.
+
+The runner's state cache (the Python SDK worker's) sizes every value it caches with a deep
+object walk whose cost is fixed per call (it first collects every loaded module's globals, a
+few milliseconds), and it sizes once per cell a bundle first reads and once or twice per cell
+a bundle writes.  So the stage keeps what it touches per element in one cell, `seq`, read and
+written once per element, in this layout (little-endian):
+
+    head: six u32 lengths  | meta (ordering.Meta) | digests (ordering.DigestWindow) |
+    buffer index (ordering.BufferIndex) | output sum (float64, emit="sequence") |
+    held outputs | held chunks | working copy of the state (state/compact.py, to the end)
+
+*Held* outputs are the results since the last commit and held chunks the chunks waiting for
+their predecessors, each a list of (chunk index, encoded record), kept in the cell while they
+are small (``HOLD_BYTES`` each).  What does not fit goes to the bags (`outbuf`, `buffer`), and a
+flag in the meta record says so: a bag is read or cleared only when that flag is set, so a
+sequence whose chunks are small never touches them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from linstream.pipeline.elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder
+from linstream.state import SequenceState, pack_state
+
+from .records import BufferIndex, DigestWindow, Meta
+
+__all__ = ["HOLD_BYTES", "Cells", "pack_records", "unpack_records"]
+
+#: Bytes of outputs, and of buffered chunks, kept in the `seq` cell before the bags are used.
+HOLD_BYTES = 256 << 10
+
+_HEAD = struct.Struct("<6I")
+_REC = struct.Struct("<qI")  # chunk index, bytes of the record
+_CHUNKS, _RESULTS = ChunkCoder(), ChunkResultCoder()
+
+
+def pack_records(records: Iterable[tuple[int, bytes]]) -> bytes:
+    """(index, bytes) records, each behind its index and length."""
+    return b"".join(b"".join((_REC.pack(i, len(r)), r)) for i, r in records)
+
+
+def unpack_records(raw: bytes) -> list[tuple[int, bytes]]:
+    out, off = [], 0
+    while off < len(raw):
+        i, n = _REC.unpack_from(raw, off)
+        off += _REC.size
+        if off + n > len(raw):
+            msg = f"a held record of {n} bytes passes the end of the state cell"
+            raise ValueError(msg)
+        out.append((i, raw[off : off + n]))
+        off += n
+    return out
+
+
+class Cells:
+    """One key's state: the `seq` cell decoded once per element and written once (`flush`),
+    and the bags for what does not fit in it."""
+
+    def __init__(self, seq: Any, buffer: Any, outbuf: Any) -> None:
+        self.seq, self.buffer, self.outbuf = seq, buffer, outbuf
+        raw = seq.read()
+        parts: list[bytes] = [b""] * 6
+        rest = b""
+        if raw:
+            sizes = _HEAD.unpack_from(raw)
+            off = _HEAD.size
+            for k, n in enumerate(sizes):
+                parts[k] = raw[off : off + n]
+                off += n
+            rest = raw[off:]
+        self.meta = Meta(parts[0] or None)
+        self.window = DigestWindow(parts[1])
+        self.index = BufferIndex(parts[2] or None)
+        self.outsum: bytes | None = parts[3] or None
+        # Kept packed: parsed only at a commit or a drain, not per element.
+        self._outputs, self._chunks = parts[4], parts[5]
+        self.state_raw: bytes | None = bytes(rest) if rest else None
+
+    def set_state(self, st: SequenceState | None) -> None:
+        self.state_raw = None if st is None else pack_state(st)
+
+    def flush(self) -> None:
+        parts = (
+            self.meta.pack(),
+            self.window.data,
+            self.index.pack() if len(self.index) else b"",
+            self.outsum or b"",
+            self._outputs,
+            self._chunks,
+        )
+        head = _HEAD.pack(*(len(p) for p in parts))
+        self.seq.write(b"".join((head, *parts, self.state_raw or b"")))
+
+    # -- outputs since the last commit --------------------------------------------------------
+    def hold_output(self, result: ChunkResult) -> None:
+        rec = _RESULTS.encode(result)
+        if not self.meta.outputs_in_bag and len(self._outputs) + len(rec) <= HOLD_BYTES:
+            self._outputs += pack_records([(int(result.index), rec)])
+        else:
+            self.outbuf.add(result)
+            self.meta.outputs_in_bag = True
+
+    def held_outputs(self) -> list[ChunkResult]:
+        results = [_RESULTS.decode(r) for _, r in unpack_records(self._outputs)]
+        if self.meta.outputs_in_bag:
+            results.extend(self.outbuf.read())
+        return results
+
+    def clear_outputs(self) -> None:
+        self._outputs = b""
+        if self.meta.outputs_in_bag:
+            self.outbuf.clear()
+            self.meta.outputs_in_bag = False
+
+    # -- chunks waiting for their predecessors ------------------------------------------------
+    def hold_chunk(self, chunk: Chunk) -> None:
+        rec = _CHUNKS.encode(chunk)
+        if len(self._chunks) + len(rec) <= HOLD_BYTES:
+            self._chunks += pack_records([(int(chunk.index), rec)])
+        else:
+            self.buffer.add(chunk)
+            self.meta.chunks_in_bag = True
+
+    def held_chunks(self, want: range, limit: int) -> dict[int, Chunk]:
+        """The buffered chunks of ``want``: those held in the cell, then (only if one is missing
+        and the bag holds chunks) those read from the bag while under ``limit`` bytes."""
+        got = {i: _CHUNKS.decode(r) for i, r in unpack_records(self._chunks) if i in want}
+        if self.meta.chunks_in_bag and len(got) < len(want):
+            held = sum(_nbytes(c.data) for c in got.values())
+            for c in self.buffer.read():
+                i = int(c.index)
+                if i in want and i not in got and (held < limit or i == want.start):
+                    got[i] = c
+                    held += _nbytes(c.data)
+        return got
+
+    def drop_chunks_below(self, index: int) -> None:
+        """Forget buffered chunks below ``index`` (applied, or refused with the index)."""
+        self.index.drop_below(index)
+        self._keep_chunks(lambda i: i >= index)
+        self.meta.n_buffered = len(self.index)
+        if not len(self.index):
+            self.clear_chunks()
+
+    def clear_chunks(self) -> None:
+        self.index.rows = self.index.rows[:0]
+        self._chunks = b""
+        if self.meta.chunks_in_bag:
+            self.buffer.clear()
+            self.meta.chunks_in_bag = False
+        self.meta.n_buffered = 0
+
+    def keep_chunks_through(self, index: int) -> None:
+        """Forget buffered chunks above ``index`` (the final chunk)."""
+        self.index.rows = self.index.rows[self.index.rows["index"] <= index]
+        self._keep_chunks(lambda i: i <= index)
+        self.meta.n_buffered = len(self.index)
+
+    def _keep_chunks(self, keep: Callable[[int], bool]) -> None:
+        if self._chunks:
+            self._chunks = pack_records((i, r) for i, r in unpack_records(self._chunks) if keep(i))
+
+
+def _nbytes(data: Any) -> int:
+    if isinstance(data, dict):
+        return sum(int(np.asarray(v).nbytes) for v in data.values())
+    return int(np.asarray(data).nbytes)

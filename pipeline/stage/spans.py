@@ -1,0 +1,209 @@
+"""Output spans: the results a checkpoint commit finalizes, written as part of that commit.
+
+With a checkpoint store and an output folder, the stateful stage does not hand its results to a
+batch sink (whose files only appear when the whole job ends, so a killed job lost every output
+its checkpoints had already claimed).  Instead each commit covers the outputs of the chunks it
+applied, ``first_chunk .. end_chunk - 1`` of one sequence:
+
+1. the span is written under a hidden name (``.pending-…``: readers of the results folder skip
+   names starting with ``.``) and made durable;
+2. the commit is created; its manifest records the span (both names, rows, size, SHA-256);
+3. the span is published under its final name ``<first:012d>-<end:012d>.parquet`` in the
+   sequence's folder ``<output>/results/<seq folder>/``.
+
+A crash before 2 leaves a hidden orphan (the chunks are recomputed from the previous commit and
+their span written again); a crash between 2 and 3 is rolled forward by the next job that
+restores the sequence, whatever its output folder, because the manifest names the files.  A
+commit that loses a race (a retried bundle, another job) discards its own pending file.  So the
+published files hold every committed chunk once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from linstream.pipeline.elements import ChunkResult
+from linstream.state import OutputSpan
+from linstream.state.store.filesystems import (
+    FsspecStorage,
+    LocalStorage,
+    in_thread,
+    open_storage,
+)
+from linstream.state.store.paths import encode_seq_dir
+
+__all__ = ["RESULTS_DIR", "SpanWriter", "spans_table"]
+
+#: Sub-folder of a job's output folder that holds the result files.
+RESULTS_DIR = "results"
+_PENDING = ".pending-"
+
+_log = logging.getLogger(__name__)
+
+
+def spans_table(results: list[ChunkResult], *, per_token: bool) -> pa.Table:
+    """One row per chunk: seq_id, chunk_index, start_position and ``embeddings`` (one vector
+    per token) or ``embedding`` (one vector per chunk), float32."""
+    first = results[0].output
+    width = int(np.prod(first.shape[1:])) if per_token else int(np.prod(first.shape))
+    flat = np.concatenate([np.asarray(r.output, np.float32).reshape(-1) for r in results])
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), width)
+    if per_token:
+        lengths = np.array([len(r.output) for r in results], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        payload: pa.Array = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), vec)
+        name = "embeddings"
+    else:
+        payload, name = vec, "embedding"
+    return pa.table(
+        {
+            "seq_id": pa.array([r.seq_id for r in results], pa.string()),
+            "chunk_index": pa.array([int(r.index) for r in results], pa.int64()),
+            "start_position": pa.array([int(r.start_position) for r in results], pa.int64()),
+            name: payload,
+        }
+    )
+
+
+class SpanWriter:
+    """Writes, publishes, rolls forward and discards output spans under ``output``."""
+
+    def __init__(self, output: str, *, per_token: bool) -> None:
+        self.output = output
+        self.per_token = per_token
+        root = output.rstrip("/") + "/" + RESULTS_DIR
+        self._fs = open_storage(root)
+        self._made: set[str] = set()
+
+    # -- names ----------------------------------------------------------------------------
+    def _url(self, path: str) -> str:
+        if isinstance(self._fs, FsspecStorage):
+            return f"{self._fs.protocol}://{path}"
+        return path
+
+    def _names(self, seq_id: str, first: int, end: int) -> tuple[str, str]:
+        folder = self._fs.join(encode_seq_dir(seq_id))
+        final = f"{folder}/{first:012d}-{end:012d}.parquet"
+        pending = f"{folder}/{_PENDING}{first:012d}-{end:012d}-{uuid.uuid4().hex[:12]}.parquet"
+        return final, pending
+
+    # -- the commit protocol --------------------------------------------------------------
+    def write_pending(self, seq_id: str, results: list[ChunkResult]) -> OutputSpan:
+        """Step 1: the span of ``results`` (sorted, contiguous chunks) under a hidden name."""
+        span, writing = self.write_pending_async(seq_id, results)
+        writing.result()
+        return span
+
+    def write_pending_async(
+        self, seq_id: str, results: list[ChunkResult]
+    ) -> tuple[OutputSpan, Any]:
+        """`write_pending`, with the file written and made durable in a thread: the span, and
+        the write (its ``result()`` returns once the file is durable, or raises)."""
+        results = sorted(results, key=lambda r: int(r.index))
+        first, end = int(results[0].index), int(results[-1].index) + 1
+        if end - first != len(results):
+            msg = f"sequence {seq_id!r}: outputs of chunks {first}..{end - 1} are not contiguous"
+            raise ValueError(msg)
+        sink = pa.BufferOutputStream()
+        pq.write_table(spans_table(results, per_token=self.per_token), sink, use_dictionary=False)
+        data = sink.getvalue()
+        final, pending = self._names(seq_id, first, end)
+        folder = final.rpartition("/")[0]
+        if folder not in self._made:
+            self._fs.makedirs(folder)
+            self._made.add(folder)
+        writing = in_thread(self._fs.write_immutable, pending, data)
+        sha = hashlib.sha256(data).hexdigest()
+        span = OutputSpan(
+            self._url(final), self._url(pending), first, end, len(results), data.size, sha
+        )
+        return span, writing
+
+    def publish(self, span: OutputSpan, *, written: bool = False) -> bool:
+        """Step 3 (and the roll-forward): the final file exists with the span's bytes, the
+        pending one is gone.  False when neither holds the span (outputs lost by hand).
+
+        ``written``: the caller wrote the pending file itself and saw it made durable (a job
+        publishing its own commit), so its bytes are not read back and hashed again; a
+        roll-forward of a commit found in a store checks both files first.
+
+        Safe against another job publishing the same span at the same time (a resumed job
+        rolling this commit forward while its own job still publishes it): the final name is
+        only ever replaced atomically by a file with the span's bytes, never removed first."""
+        fs, final = _storage_of(span.file)
+        _, pending = _storage_of(span.pending)
+        if not written:
+            if _has_bytes(fs, final, span):
+                fs.remove(pending)
+                return True
+            if not _has_bytes(fs, pending, span):
+                return _has_bytes(fs, final, span)  # or another job published it meanwhile
+        try:
+            if isinstance(fs, LocalStorage):
+                # A private hard link first: the bytes stay ours if the pending name goes.
+                tmp = f"{pending}.{uuid.uuid4().hex[:12]}"
+                os.link(pending, tmp)
+                os.replace(tmp, final)  # atomic; replaces a damaged or foreign file
+                # rename() does nothing when both names are links to one file already (another
+                # job published it from the same pending file): the private link goes then.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                fs.sync_dir(final.rpartition("/")[0])
+            else:
+                fs.fs.copy(pending, final)  # one object: whole or absent
+        except FileNotFoundError:  # another job moved the pending file on
+            return _has_bytes(fs, final, span)
+        fs.remove(pending)
+        return True
+
+    def remove_orphans(self, seq_id: str, *, older_than_s: float = 600.0) -> int:
+        """Remove the sequence's hidden pending files older than ``older_than_s`` seconds (left
+        by a job stopped before its commit: no commit names them, or their commit published
+        them).  Younger ones may belong to a commit in flight and stay."""
+        folder = self._fs.join(encode_seq_dir(seq_id))
+        now = time.time()
+        removed = 0
+        for name in self._fs.list_dir(folder):
+            if not name.startswith(_PENDING):
+                continue
+            mtime = self._fs.mtime(f"{folder}/{name}")
+            if mtime is not None and now - mtime >= older_than_s:
+                self._fs.remove(f"{folder}/{name}")
+                removed += 1
+        if removed:
+            _log.info("removed %d unfinished output files of sequence %r", removed, seq_id)
+        return removed
+
+    def discard(self, span: OutputSpan) -> None:
+        """A commit that did not happen: its pending file goes."""
+        fs, pending = _storage_of(span.pending)
+        fs.remove(pending)
+
+    def remove_published(self, span: OutputSpan) -> None:
+        """The span of a commit that is being rolled back (its chunks are applied again)."""
+        fs, final = _storage_of(span.file)
+        fs.remove(final)
+
+
+def _storage_of(url: str) -> tuple[Any, str]:
+    """(storage, path) for a file URL recorded in a manifest (local path or fsspec URL)."""
+    folder, _, name = url.rpartition("/")
+    storage = open_storage(folder)
+    return storage, storage.join(name)
+
+
+def _has_bytes(fs: Any, path: str, span: OutputSpan) -> bool:
+    try:
+        data = fs.read(path, span.size)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return False
+    return len(data) == span.size and hashlib.sha256(data).hexdigest() == span.sha256

@@ -1,0 +1,196 @@
+"""The checkpoint store: durable, validated, retained commits of ``SequenceState`` values.
+
+Layout under the root (a local path or any fsspec URL)::
+
+    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow      immutable data file (Arrow IPC)
+    ROOT/<seq folder>/<commit:020d>.commit.json                commit number n (format 2)
+    ROOT/<seq folder>/<position:020d>.manifest.json            a format-1 commit (read only)
+
+``<seq folder>`` is a safe, reversible encoding of the sequence id (``paths.encode_seq_dir``).
+A sequence's commits form a chain: commit n+1 names its parent's position and is created only
+if no commit n+1 exists (create-if-absent), so two writers that continue one history cannot both
+advance it — the second finds commit n+1 taken.  If it holds the same state (a retried bundle,
+or two jobs over the same input) the outcome is "duplicate", or "equal_within_tolerance" when
+only the last bits differ (the caller continues from the commit that is there); any other history
+raises ``SupersededError``.  Commit 1 continues from the newest format-1 commit, if any.
+Restore validates everything (see ``CheckpointStore.head``).
+
+URLs: local paths and ``file://`` use POSIX create-if-absent (``os.link``) and fsync; ``memory://``
+(tests), ``gs://`` (gcsfs) and ``s3://`` (s3fs) go through fsspec and need an fsspec
+implementation with exclusive writes (``open(path, "xb")``: gcsfs and adlfs from 2024.12, s3fs
+from 2025.7, which sends ``If-None-Match: *`` for small objects too).  Object stores publish an
+object atomically when its upload ends, so a half-written manifest cannot be seen there.
+
+The store is put together from one module per purpose: ``layout`` (folders and commit
+files), ``commit`` (the checks around a commit), ``restore`` (restore and its
+checks), ``retention`` (pruning), ``listing`` (listing, verify, gc) and
+``types`` (the values it returns).  ``CheckpointStore.commit`` itself lives here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import time
+from collections.abc import Callable
+
+from linstream.state.codec import FORMAT_VERSION, MIN_READER_VERSION, encode_checked, tensor_ranges
+from linstream.state.errors import CorruptCheckpointError, NonFiniteStateError
+from linstream.state.sequence_state import SequenceState
+
+from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
+from .commit import StoreCommitChecks
+from .filesystems import open_storage
+from .listing import StoreListing
+from .manifest import History, Manifest, split_file_hash
+from .paths import data_name
+from .restore import check_expected_shape as check_expected_shape  # re-exported
+from .types import CheckpointProblem, CommitInfo, CommitOutcome, Head
+
+__all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome", "Head"]
+
+
+class CheckpointStore(StoreCommitChecks, StoreListing):
+    """Commits and restores sequence states under ``root`` (local path or fsspec URL).
+
+    keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
+    fallback.  rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
+    magnitude (default 1e-5 for float64 states, 1e-3 for float32: a retried bundle may run its
+    float32 chunk math with other SIMD widths).  clock: seconds since the
+    epoch, injected for tests of ``gc``.  background_prune: delete commits beyond ``keep`` in a
+    background thread after ``commit`` returns (deletes can be slow: object-store round trips,
+    online discard); ``flush()`` waits for them, ``close()`` also stops the thread.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep: int = 2,
+        rtol: float | None = None,
+        clock: Callable[[], float] = time.time,
+        background_prune: bool = True,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
+            raise ValueError(msg)
+        if rtol is not None and not (0.0 <= rtol < 1.0):
+            msg = f"rtol: expected 0 <= rtol < 1, received {rtol}"
+            raise ValueError(msg)
+        self.root = root
+        self.keep = keep
+        self.rtol = rtol
+        self._clock = clock
+        self._fs = open_storage(root)
+        self._dirs_made: set[str] = set()
+        self._root_synced = False
+        self._background_prune = background_prune
+        self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[list[str]]] = []
+        #: How many commits ended in each outcome, and how many restores fell back.
+        self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.root!r}, keep={self.keep})"
+
+    def exists(self) -> bool:
+        """Whether the root folder exists (a store with no commit yet may not have one)."""
+        return self._fs.is_dir(self._fs.root)
+
+    # --- commit --------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        st: SequenceState,
+        history: History | None = None,
+        *,
+        ready: Callable[[], object] | None = None,
+    ) -> CommitOutcome:
+        """Commit ``st`` durably as commit ``history.commit`` of its chain; see the module
+        docstring for the outcomes.
+
+        Without ``history`` the commit continues the newest commit whose position is below
+        ``st.position`` (or, when a commit at ``st.position`` exists, retries it), with no
+        final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
+        nothing written), ``SupersededError`` (the commit number holds another history),
+        ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
+        (the commit already there cannot be read to compare).  ``ready``, when given, returns
+        once the other files the history names (its output span) are durable; it is called
+        before the commit is created, so their writing overlaps this commit's own.
+        """
+        if not isinstance(st, SequenceState):
+            msg = f"commit: expected a SequenceState, received {type(st).__name__}"
+            raise TypeError(msg)
+        if not st.is_finite():
+            msg = (
+                f"sequence {st.seq_id!r} at position {st.position}: expected finite S and z, "
+                "received NaN or Inf; refusing to commit"
+            )
+            raise NonFiniteStateError(msg)
+        buf, digest = encode_checked(st, finite_checked=True)
+        # Computed here, not in ``prepare``: the manifest must be written as early as possible
+        # while the data file's fsync runs (so that one journal commit can carry both).
+        ranges = tensor_ranges(buf, st)
+        split = None if ranges is None else split_file_hash(buf, ranges, digest)
+        seq_dir = self._seq_dir(st.seq_id)
+        if history is None:
+            history = self._auto_history(seq_dir, st)
+        mpath = self._cpath(seq_dir, history.commit)
+
+        def manifest_for(sha: str) -> Manifest:
+            return Manifest(
+                format_version=FORMAT_VERSION,
+                min_reader_version=MIN_READER_VERSION,
+                seq_id=st.seq_id,
+                position=st.position,
+                next_chunk=st.next_chunk,
+                fingerprint=st.fingerprint,
+                dtype=str(st.dtype),
+                shape=st.state_shape,
+                data_file=data_name(st.position, sha),
+                size=buf.size,
+                sha256=sha,
+                digest=digest,
+                tensor_ranges=ranges,
+                split_sha256=split,
+                history=history,
+            )
+
+        made: list[Manifest] = []
+
+        def prepare(sha: str) -> tuple[str, bytes]:
+            made.append(manifest_for(sha))
+            return f"{seq_dir}/{made[0].data_file}", made[0].to_bytes()
+
+        existing = self._read_manifest_if_any(mpath, None)
+        if existing is None:
+            self._ensure_dir(seq_dir)
+            made_it = (
+                self._fs.commit_files(buf, mpath, prepare)
+                if ready is None
+                else self._fs.commit_files(buf, mpath, prepare, ready)
+            )
+            if made_it:
+                self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
+                self._count(CommitOutcome.COMMITTED, st)
+                self._schedule_prune(seq_dir)
+                return CommitOutcome.COMMITTED
+            existing = self._read_manifest_if_any(mpath, None)
+            if existing is None:  # pruned meanwhile: the commit is far behind the newest
+                msg = f"manifest {mpath} vanished while committing position {st.position}"
+                raise CorruptCheckpointError(msg, path=mpath)
+        manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
+        dpath = f"{seq_dir}/{manifest.data_file}"
+        try:
+            outcome = self._compare(st, manifest, existing, seq_dir, buf)
+        finally:
+            if existing.data_file != manifest.data_file:
+                self._fs.remove(dpath)  # our data file lost the race (no-op if never written)
+        self._count(outcome, st)
+        return outcome
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""Retention in a checkpoint store: commits beyond ``keep`` are removed, in a background thread
+after a commit returns (deletes can be slow) or at once."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+
+from linstream.state.errors import CheckpointError
+
+from .layout import StoreLayout
+from .paths import parse_data_name
+
+__all__ = ["StoreRetention"]
+
+log = logging.getLogger("linstream.state")
+
+
+class StoreRetention(StoreLayout):
+    """Keeps the ``keep`` newest commits of each sequence."""
+
+    _background_prune: bool
+    _pruner: concurrent.futures.ThreadPoolExecutor | None
+    _pending: list[concurrent.futures.Future[list[str]]]
+
+    def _schedule_prune(self, seq_dir: str) -> None:
+        if not self._background_prune:
+            self._prune(seq_dir)
+            return
+        if self._pruner is None:
+            self._pruner = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="linstream-prune"
+            )
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pruner.submit(self._prune_logged, seq_dir))
+
+    def _prune_logged(self, seq_dir: str) -> list[str]:
+        try:
+            return self._prune(seq_dir)
+        except Exception:  # a failed delete only delays retention; gc() retries it
+            log.warning("pruning old commits in %s failed", seq_dir, exc_info=True)
+            return []
+
+    def flush(self) -> None:
+        """Wait for background pruning scheduled so far."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        """Flush and stop the background thread (the store stays usable: it restarts it)."""
+        self.flush()
+        if self._pruner is not None:
+            self._pruner.shutdown(wait=True)
+            self._pruner = None
+
+    def _prune(self, seq_dir: str) -> list[str]:
+        """Drop commits beyond the ``keep`` newest: commit file first, then its data file(s).
+
+        Output files a commit finalized are results, not checkpoint data: never removed here.
+        """
+        names = self._fs.list_dir(seq_dir)
+        files = self._commit_files(seq_dir, names)
+        removed: list[str] = []
+        doomed = files[self.keep :]
+        if not doomed:
+            return removed
+        kept_data: set[str] = set()
+        for path, n, pos in files[: self.keep]:
+            with contextlib.suppress(CheckpointError, FileNotFoundError):
+                kept_data.add(self._parse_commit(path, n, pos).data_file)
+        doomed_positions: set[int] = set()
+        for path, n, pos in reversed(doomed):
+            if pos is not None:
+                doomed_positions.add(pos)
+            else:
+                with contextlib.suppress(CheckpointError, FileNotFoundError):
+                    doomed_positions.add(self._parse_commit(path, n, pos).position)
+            self._fs.remove(path)
+            removed.append(path)
+        for name in names:
+            if parse_data_name(name) in doomed_positions and name not in kept_data:
+                self._fs.remove(f"{seq_dir}/{name}")
+                removed.append(f"{seq_dir}/{name}")
+        return removed
