@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io import WriteDeadLetters, WriteResults
 from linstream.pipeline.io.text_input import read_input
-from linstream.pipeline.stage.dofn import NAMESPACE
+from linstream.pipeline.stage.counters import NAMESPACE
 from linstream.pipeline.stage.transforms import EmbedSequences
 
 from .local_runner import state_cache_for
@@ -106,7 +106,7 @@ def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
         output_dir=output if commit_outputs else None,
         total_tokens=_get(args, "total_tokens"),
     )
-    width = int(transform._dofn.step.model.config.d_model)  # type: ignore[attr-defined]  # EmbedStep
+    width = int(transform.model.config.d_model)
     if _get(args, "streaming", False):
         if not _has_streaming_sources():
             msg = (

@@ -17,42 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import ChunkResult
 from linstream.state import SequenceState
 
+from .counters import Counters
 from .progress import Progress
 from .steps import BadInput, ChunkStep
 
-__all__ = ["Applied", "Applier", "Counters", "Refused", "is_int"]
+__all__ = ["Applied", "Applier", "Refused", "is_int"]
 
 
 def is_int(x: Any) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
-
-
-class Counters:
-    """The stage's Beam metrics (namespace ``linstream``)."""
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        names = (
-            "chunks tokens duplicates duplicates_unchecked buffered gaps dead_letters commits "
-            "commit_duplicates commit_equal_within_tolerance restores evictions outputs_missing"
-        )
-        for name in names.split():
-            setattr(self, name, Metrics.counter(namespace, name))
-        self.kernel_time = Metrics.distribution(namespace, "kernel_time_us")
-        self._by_reason: dict[str, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:  # for mypy: counters are set in __init__
-        raise AttributeError(name)
-
-    def dead(self, reason: str) -> None:
-        self.dead_letters.inc()
-        if reason not in self._by_reason:
-            self._by_reason[reason] = Metrics.counter(self.namespace, f"dead_letters.{reason}")
-        self._by_reason[reason].inc()
 
 
 @dataclass

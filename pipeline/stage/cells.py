@@ -6,8 +6,8 @@ few milliseconds), and it sizes once per cell a bundle first reads and once or t
 a bundle writes.  So the stage keeps what it touches per element in one cell, `seq`, read and
 written once per element, in this layout (little-endian):
 
-    head: six u32 lengths  | meta (ordering.Meta) | digests (ordering.DigestWindow) |
-    buffer index (ordering.BufferIndex) | output sum (float64, emit="sequence") |
+    head: six u32 lengths  | meta (records.Meta) | digests (records.DigestWindow) |
+    buffer index (records.BufferIndex) | output sum (float64, emit="sequence") |
     held outputs | held chunks | working copy of the state (state/compact.py, to the end)
 
 *Held* outputs are the results since the last commit and held chunks the chunks waiting for
@@ -15,13 +15,17 @@ their predecessors, each a list of (chunk index, encoded record), kept in the ce
 are small (``HOLD_BYTES`` each).  What does not fit goes to the bags (`outbuf`, `buffer`), and a
 flag in the meta record says so: a bag is read or cleared only when that flag is set, so a
 sequence whose chunks are small never touches them.
+
+The stage reaches the three through `StateCells` (a `ValueCell` and two `Bag`s): Beam's runtime
+state objects satisfy that interface, and so do the in-memory stand-ins of the tests.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from linstream.pipeline.elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder
@@ -29,10 +33,55 @@ from linstream.state import SequenceState, pack_state
 
 from .records import BufferIndex, DigestWindow, Meta
 
-__all__ = ["HOLD_BYTES", "Cells", "pack_records", "unpack_records"]
+__all__ = [
+    "DRAIN_BYTES",
+    "HOLD_BYTES",
+    "Bag",
+    "Cells",
+    "Ready",
+    "StateCells",
+    "ValueCell",
+    "pack_records",
+    "unpack_records",
+]
+
+T = TypeVar("T")
+
+
+class ValueCell(Protocol):
+    """A read-modify-write cell (Beam's `ReadModifyWriteStateSpec` runtime state)."""
+
+    def read(self) -> Any: ...
+
+    def write(self, value: Any) -> None: ...
+
+
+class Bag(Protocol[T]):
+    """A bag of values (Beam's `BagStateSpec` runtime state)."""
+
+    def read(self) -> Iterable[T]: ...
+
+    def add(self, value: T) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StateCells:
+    """One key's state as the stage sees it: Beam's state objects, or in-memory stand-ins."""
+
+    seq: ValueCell
+    buffer: Bag[Chunk]
+    outbuf: Bag[ChunkResult]
+
 
 #: Bytes of outputs, and of buffered chunks, kept in the `seq` cell before the bags are used.
 HOLD_BYTES = 256 << 10
+#: Chunks read from the bag into memory at once while draining (payload bytes bound it too).
+DRAIN_BYTES = 64 << 20
+
+#: A chunk ready to apply: (index, validated payload, final flag, content digest).
+Ready = tuple[int, Any, bool, bytes]
 
 _HEAD = struct.Struct("<6I")
 _REC = struct.Struct("<qI")  # chunk index, bytes of the record
@@ -61,9 +110,9 @@ class Cells:
     """One key's state: the `seq` cell decoded once per element and written once (`flush`),
     and the bags for what does not fit in it."""
 
-    def __init__(self, seq: Any, buffer: Any, outbuf: Any) -> None:
-        self.seq, self.buffer, self.outbuf = seq, buffer, outbuf
-        raw = seq.read()
+    def __init__(self, cells: StateCells) -> None:
+        self.seq, self.buffer, self.outbuf = cells.seq, cells.buffer, cells.outbuf
+        raw = self.seq.read()
         parts: list[bytes] = [b""] * 6
         rest = b""
         if raw:
@@ -138,6 +187,25 @@ class Cells:
                     got[i] = c
                     held += _nbytes(c.data)
         return got
+
+    def take_run(self, start: int) -> list[Ready]:
+        """The buffered chunks ``start, start + 1, ...`` up to the first hole (bounded in bytes
+        when read from the bag), taken out of the buffer."""
+        run = self.index.run_from(start)
+        if not run:
+            return []
+        want = range(start, start + run)
+        got = self.held_chunks(want, DRAIN_BYTES)
+        batch = []
+        for i in want:
+            c = got.get(i)
+            if c is None:
+                break
+            digest = self.index.find(i)
+            assert digest is not None  # the run was read from the index
+            batch.append((i, c.data, c.final, digest))
+        self.drop_chunks_below(start + len(batch))
+        return batch
 
     def drop_chunks_below(self, index: int) -> None:
         """Forget buffered chunks below ``index`` (applied, or refused with the index)."""

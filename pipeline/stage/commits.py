@@ -1,10 +1,10 @@
 """Restoring a sequence from the checkpoint store and committing it there, with its outputs.
 
-The stateful stage (core.py) calls `Commits.restore` when a sequence is first seen with resume
-on, or returns after an eviction, and `Commits.commit` every ``checkpoint_every`` chunks, at the
-final chunk and when the sequence goes idle.  A commit writes the held outputs as the span it
-finalizes (spans.py) and creates the next commit of the sequence's chain; docs/crash-recovery.md
-describes the protocol.
+The stateful stage (sequence_stage.py) calls `Commits.restore` when a sequence is first seen
+with resume on, or returns after an eviction, and `Commits.commit` every ``checkpoint_every``
+chunks, at the final chunk and when the sequence goes idle.  A commit writes the held outputs as
+the span it finalizes (spans.py) and creates the next commit of the sequence's chain;
+docs/crash-recovery.md describes the protocol.
 
 Publishing a committed span (its last step: the final name linked and made durable) runs in a
 background thread, off the per-element path: the commit already names the span, and a restore
@@ -30,8 +30,8 @@ from linstream.state import (
     SequenceState,
 )
 
-from .applier import Counters
 from .cells import Cells
+from .counters import Counters
 from .records import DigestWindow, Meta
 from .spans import SpanWriter
 from .steps import ChunkStep

@@ -1,8 +1,8 @@
 """Per-chunk functions of the stateful stage: raw attention over q/k/v, or the embedding model.
 
 A step checks one chunk's payload (`validate`, raising `BadInput` with a dead-letter reason),
-makes a sequence's first state, and applies a chunk to a state.  `SequenceDoFn` (core.py) does the
-rest — ordering, Beam state, checkpoints — the same way for every step.
+makes a sequence's first state, and applies a chunk to a state.  `SequenceStage`
+(sequence_stage.py) does the rest — ordering, state, checkpoints — the same way for every step.
 """
 
 from __future__ import annotations

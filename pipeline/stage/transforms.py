@@ -1,8 +1,10 @@
 """Public PTransforms: `CausalLinearAttention` (raw q/k/v) and `EmbedSequences` (a model).
 
-Both key chunks by sequence id and run the one stateful stage (`core.SequenceDoFn`) with a
-different per-chunk step.  Applying one returns the results; `.with_exception_handling()` makes it
-return `(results, dead_letters)`, as RunInference does.
+Both key chunks by sequence id and run the one stateful stage (`SequenceStage`, applied through
+its Beam adapter `SequenceDoFn`) with a different per-chunk step.  The stage's options are the
+fields of `StageConfig`, passed as keyword arguments or whole (`stage=StageConfig(...)`).
+Applying one returns the results; `.with_exception_handling()` makes it return
+`(results, dead_letters)`, as RunInference does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, ChunkResult, DeadLetter, Rejected
 
-from .dofn import DEAD_LETTERS, NAMESPACE, SequenceDoFn
+from .config import StageConfig
+from .counters import NAMESPACE
+from .dofn import DEAD_LETTERS, SequenceDoFn
+from .sequence_stage import SequenceStage
 from .steps import ChunkStep, EmbedStep, RawAttentionStep
 
 __all__ = ["CausalLinearAttention", "EmbedSequences"]
@@ -41,10 +46,13 @@ class _SplitRejected(beam.DoFn):
 
 
 class _SequenceTransform(beam.PTransform):
-    def __init__(self, step: ChunkStep, **stage: Any) -> None:
+    """The stateful stage with ``step``: `step` and `config` are public and read-only in use."""
+
+    def __init__(self, step: ChunkStep, config: StageConfig) -> None:
         super().__init__()
+        self.step = step
+        self.config = config
         self._with_errors = False
-        self._dofn = SequenceDoFn(step, **stage)
 
     def with_exception_handling(self) -> _SequenceTransform:
         """Return a copy that yields `(results, dead_letters)` when applied."""
@@ -61,7 +69,8 @@ class _SequenceTransform(beam.PTransform):
         keyed = split.chunks | "KeyBySequence" >> beam.Map(_key_by_seq).with_output_types(
             tuple[str, Chunk]
         )
-        out = keyed | "OrderAndApply" >> beam.ParDo(self._dofn).with_outputs(
+        stage = SequenceDoFn(SequenceStage(self.step, self.config))
+        out = keyed | "OrderAndApply" >> beam.ParDo(stage).with_outputs(
             DEAD_LETTERS, main="results"
         )
         results = out.results
@@ -89,21 +98,9 @@ class CausalLinearAttention(_SequenceTransform):
         the checkpoint fingerprint: a resume under other ones is refused (`restore_failed`).
     normalize: False drops the normalizer of "decay" and "gated" (refused for other rules).
 
-    checkpoint_dir: a CheckpointStore root (local path or any fsspec/Beam URL) or None.
-    checkpoint_every: commit after this many applied chunks (and always at the final chunk).
-    resume: restore each sequence from the store the first time it is seen.
-    max_buffered_chunks: how far ahead of the next chunk to apply a chunk may be buffered;
-        farther ones are dead-lettered (`beyond_buffer`).  None (the default): no bound — early
-        chunks wait in Beam state, and the stage reads them back in batches of bounded bytes.
-        Set a bound for streaming jobs whose gaps may never close.
-    output_dir: write each span of results as part of the checkpoint commit that covers it,
-        under `<output_dir>/results/` (exactly once across crashes and resumes; needs
-        checkpoint_dir).  Results are still emitted on the main output.
-    total_tokens: the input's token count when known (the progress line's ETA).
-    max_chunk_tokens: longer chunks are dead-lettered (`too_large`) before any work; chunks are
-        computed in blocks of `block_tokens` tokens, so memory stays bounded.
-    idle_timeout: event-time seconds after a sequence's last chunk before its Beam state is
-        committed and cleared (in a batch job: at the end of the input).
+    The stage's options are keyword arguments, the fields of `StageConfig` (checkpoint_dir,
+    checkpoint_every, resume, max_buffered_chunks, output_dir, emit, idle_timeout, ...; see
+    there), or a whole `stage=StageConfig(...)` that they override.
     """
 
     def __init__(
@@ -111,47 +108,18 @@ class CausalLinearAttention(_SequenceTransform):
         feature_map: Any = "elu+1",
         eps: float = 1e-6,
         backend: str = "auto",
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 16,
-        resume: bool = False,
-        max_buffered_chunks: int | None = None,
         *,
         state_dtype: Any = np.float64,
-        checkpoint_keep: int = 2,
-        idle_timeout: float = 300.0,
-        emit: str = "tokens",
-        progress_every_s: float | None = None,
-        restore_fallback: bool = False,
-        output_dir: str | None = None,
-        max_chunk_tokens: int = 1 << 20,
-        total_tokens: int | None = None,
         rule: str = "additive",
         gamma: Any = None,
         normalize: bool = True,
+        stage: StageConfig | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            RawAttentionStep(
-                feature_map,
-                eps,
-                backend,
-                state_dtype,
-                rule=rule,
-                gamma=gamma,
-                normalize=normalize,
-            ),
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            checkpoint_keep=checkpoint_keep,
-            resume=resume,
-            max_buffered_chunks=max_buffered_chunks,
-            idle_timeout=idle_timeout,
-            emit=emit,
-            progress_every_s=progress_every_s,
-            restore_fallback=restore_fallback,
-            output_dir=output_dir,
-            max_chunk_tokens=max_chunk_tokens,
-            total_tokens=total_tokens,
+        step = RawAttentionStep(
+            feature_map, eps, backend, state_dtype, rule=rule, gamma=gamma, normalize=normalize
         )
+        super().__init__(step, StageConfig.with_options("CausalLinearAttention", stage, options))
 
 
 class EmbedSequences(_SequenceTransform):
@@ -159,8 +127,8 @@ class EmbedSequences(_SequenceTransform):
 
     model: a `linstream.ops.load_model` spec ("builtin:default", a .safetensors path), loaded once
     per worker in `setup()`, or a loaded model.  Emits `ChunkResult`s whose output is the
-    [T, d_model] float32 embeddings (emit="tokens"), their mean, or the last one.  The other
-    arguments are those of `CausalLinearAttention`.
+    [T, d_model] float32 embeddings (emit="tokens"), their mean, or the last one.  The stage's
+    options are those of `CausalLinearAttention` (the fields of `StageConfig`).
     """
 
     def __init__(
@@ -168,32 +136,14 @@ class EmbedSequences(_SequenceTransform):
         model: Any = "builtin:default",
         *,
         backend: str = "auto",
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 16,
-        resume: bool = False,
-        max_buffered_chunks: int | None = None,
         state_dtype: Any = np.float64,
-        checkpoint_keep: int = 2,
-        idle_timeout: float = 300.0,
-        emit: str = "tokens",
-        progress_every_s: float | None = None,
-        restore_fallback: bool = False,
-        output_dir: str | None = None,
-        max_chunk_tokens: int = 1 << 20,
-        total_tokens: int | None = None,
+        stage: StageConfig | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            EmbedStep(model, backend, state_dtype),
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            checkpoint_keep=checkpoint_keep,
-            resume=resume,
-            max_buffered_chunks=max_buffered_chunks,
-            idle_timeout=idle_timeout,
-            emit=emit,
-            progress_every_s=progress_every_s,
-            restore_fallback=restore_fallback,
-            output_dir=output_dir,
-            max_chunk_tokens=max_chunk_tokens,
-            total_tokens=total_tokens,
-        )
+        self._embed = EmbedStep(model, backend, state_dtype)
+        super().__init__(self._embed, StageConfig.with_options("EmbedSequences", stage, options))
+
+    @property
+    def model(self) -> Any:
+        """The model (loaded on this machine): ``model.config.d_model`` is the output width."""
+        return self._embed.model

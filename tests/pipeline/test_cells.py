@@ -7,36 +7,10 @@ import linstream.pipeline.stage.cells as cells
 import numpy as np
 import pytest
 from _beam_helpers import run_transform
+from helpers.fake_state import FakeKey
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.elements import ChunkResult
 from linstream.pipeline.io import read_results
-
-
-class _Cell:
-    def __init__(self) -> None:
-        self.value = None
-
-    def read(self):
-        return self.value
-
-    def write(self, value) -> None:
-        self.value = value
-
-
-class _Bag:
-    def __init__(self) -> None:
-        self.items: list = []
-        self.reads = 0
-
-    def read(self):
-        self.reads += 1
-        return list(self.items)
-
-    def add(self, item) -> None:
-        self.items.append(item)
-
-    def clear(self) -> None:
-        self.items = []
 
 
 def _chunk(i: int) -> Chunk:
@@ -46,15 +20,16 @@ def _chunk(i: int) -> Chunk:
 def test_chunks_past_the_budget_go_to_the_bag_and_come_back(monkeypatch):
     one = len(cells.pack_records([(0, b"")])) + len(cells._CHUNKS.encode(_chunk(0)))
     monkeypatch.setattr(cells, "HOLD_BYTES", 2 * one)  # two chunks fit in the cell
-    seq, buffer, outbuf = _Cell(), _Bag(), _Bag()
-    c = cells.Cells(seq, buffer, outbuf)
+    key = FakeKey()
+    buffer = key.buffer
+    c = cells.Cells(key.cells)
     for i in (3, 1, 2, 5):
         c.hold_chunk(_chunk(i))
         c.index.add(i, bytes(16))
     c.meta.n_buffered = len(c.index)
     c.flush()
     assert [int(x.index) for x in buffer.items] == [2, 5]  # 3 and 1 stayed in the cell
-    back = cells.Cells(seq, buffer, outbuf)
+    back = cells.Cells(key.cells)
     assert back.meta.chunks_in_bag and back.meta.n_buffered == 4
     got = back.held_chunks(range(1, 4), 1 << 20)
     assert sorted(got) == [1, 2, 3]
@@ -66,14 +41,15 @@ def test_chunks_past_the_budget_go_to_the_bag_and_come_back(monkeypatch):
 
 
 def test_small_chunks_never_read_the_bag():
-    seq, buffer, outbuf = _Cell(), _Bag(), _Bag()
-    c = cells.Cells(seq, buffer, outbuf)
+    key = FakeKey()
+    buffer, outbuf = key.buffer, key.outbuf
+    c = cells.Cells(key.cells)
     for i in (2, 1):
         c.hold_chunk(_chunk(i))
         c.index.add(i, bytes(16))
         c.hold_output(ChunkResult("s", i, 16 * i, np.full(4, i, np.float32)))
     c.flush()
-    back = cells.Cells(seq, buffer, outbuf)
+    back = cells.Cells(key.cells)
     assert sorted(back.held_chunks(range(1, 3), 1 << 20)) == [1, 2]
     assert [int(r.index) for r in back.held_outputs()] == [2, 1]
     back.clear_outputs()

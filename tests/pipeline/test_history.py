@@ -84,8 +84,7 @@ def test_oversized_chunks_are_refused_and_long_ones_run_in_blocks(tmp_path):
     big = Chunk("a", 0, _qkv(rng, 40), final=True)
     huge = Chunk("b", 0, _qkv(rng, 101))
     small = [Chunk("c", i, _qkv(rng, 2), final=i == 1) for i in range(2)]
-    t = _attn(max_chunk_tokens=100)
-    t._dofn.block_tokens = 16
+    t = _attn(max_chunk_tokens=100, block_tokens=16)
     run = run_transform([big, huge, *small], t, tmp_path)
     assert [(d.seq_id, d.reason) for d in run.dead] == [("b", "too_large")]
     assert "at most 100 tokens" in run.dead[0].message and "got 101" in run.dead[0].message

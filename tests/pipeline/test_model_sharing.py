@@ -9,11 +9,14 @@ from _beam_helpers import run_transform, write_tiny_model
 from apache_beam.internal import pickler
 from linstream.ops import load_model
 from linstream.pipeline import Chunk, EmbedSequences
+from linstream.pipeline.stage.dofn import SequenceDoFn
+from linstream.pipeline.stage.sequence_stage import SequenceStage
 from linstream.pipeline.stage.steps import EmbedStep
 
 
 def _graph_bytes(transform) -> int:
-    return len(pickler.dumps(transform._dofn))
+    """The bytes of the DoFn the transform ships to the workers (what its expand() applies)."""
+    return len(pickler.dumps(SequenceDoFn(SequenceStage(transform.step, transform.config))))
 
 
 def test_a_loaded_builtin_model_ships_as_its_name_not_its_weights():

@@ -69,7 +69,7 @@ def test_shuffled_duplicated_chunks_equal_one_pass(seed, tmp_path):
 
 
 def _fingerprint():
-    return CausalLinearAttention()._dofn.step.fingerprint
+    return CausalLinearAttention().step.fingerprint
 
 
 def test_worked_example_through_the_pipeline(tmp_path):

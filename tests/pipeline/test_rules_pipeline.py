@@ -136,7 +136,7 @@ def test_a_chunk_longer_than_a_block_equals_block_sized_chunks(rule, tmp_path):
     seed = 7 if rule == "gated" else 8
     print(f"seed={seed} rule={rule}")
     transform = CausalLinearAttention(rule=rule)
-    block = transform._dofn.block_tokens
+    block = transform.config.block_tokens
     rng = np.random.default_rng(seed)
     data = make_sequence(rule, 2 * block + 37, rng)
     t = len(data["q"])

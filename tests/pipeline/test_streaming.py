@@ -73,4 +73,4 @@ def test_out_of_order_stream_with_idle_eviction_and_return(tmp_path):
 
 
 def _fp():
-    return CausalLinearAttention()._dofn.step.fingerprint
+    return CausalLinearAttention().step.fingerprint
