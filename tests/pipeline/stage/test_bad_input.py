@@ -1,12 +1,15 @@
-"""Bad input goes to the dead letters with sequence, chunk and reason; nothing else changes."""
+"""Bad input goes to the dead letters with sequence, chunk and reason; nothing else changes.
+Driven without a runner (tests/helpers/stage_runs.py)."""
 
 from __future__ import annotations
 
 import numpy as np
-from _beam_helpers import run_transform
+from helpers.stage_runs import run_stage
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk, EmbedSequences
 
 RNG = np.random.default_rng(3)
+SEED = 7
 
 
 def qkv(t, h=2, d=3, dtype=np.float64):
@@ -48,15 +51,18 @@ RAW_CASES = {
 }
 
 
-def test_raw_bad_input_is_dead_lettered(tmp_path):
-    """Every case in one job: sequence "bad-<case>" gets a valid chunk 0 and the bad chunk."""
-    clean = run_transform(GOOD, CausalLinearAttention(backend="numpy"), tmp_path).results
+def raw_bad_chunks() -> list[Chunk]:
+    """GOOD, then for every case a sequence "bad-<case>" with a valid chunk 0 and the bad chunk."""
     chunks = list(GOOD)
     for case, (bad, _reason) in RAW_CASES.items():
         chunks += [Chunk(f"bad-{case}", 0, BAD_FIRST), Chunk(f"bad-{case}", bad.index, bad.data)]
-    run = run_transform(
-        chunks, CausalLinearAttention(backend="numpy", max_buffered_chunks=4), tmp_path
-    )
+    return chunks
+
+
+def test_raw_bad_input_is_dead_lettered():
+    """Every case in one job: sequence "bad-<case>" gets a valid chunk 0 and the bad chunk."""
+    clean = run_stage(GOOD, CausalLinearAttention(backend="numpy")).results
+    run = run_stage(raw_bad_chunks(), CausalLinearAttention(backend="numpy", max_buffered_chunks=4))
     got = {d.seq_id: d for d in run.dead}
     assert sorted(got) == sorted(f"bad-{case}" for case in RAW_CASES)
     assert len(run.dead) == len(RAW_CASES)
@@ -76,40 +82,7 @@ def test_raw_bad_input_is_dead_lettered(tmp_path):
     )
 
 
-def test_chunk_after_final_and_conflicting_final(tmp_path):
-    chunks = [
-        Chunk("a", 0, qkv(2)),
-        Chunk("a", 1, qkv(2), final=True),
-        Chunk("a", 2, qkv(2)),  # after the final chunk
-        Chunk("b", 2, qkv(2), final=True),
-        Chunk("b", 3, qkv(2)),  # after a final chunk that is still buffered
-        Chunk("b", 0, qkv(2)),
-        Chunk("b", 1, qkv(2)),
-    ]
-    run = run_transform(chunks, CausalLinearAttention(backend="numpy"), tmp_path)
-    assert sorted((d.seq_id, d.chunk_index, d.reason) for d in run.dead) == [
-        ("a", 2, "after_final"),
-        ("b", 3, "after_final"),
-    ]
-    assert [(r.seq_id, r.index) for r in run.results] == [
-        ("a", 0),
-        ("a", 1),
-        ("b", 0),
-        ("b", 1),
-        ("b", 2),
-    ]
-
-
-def test_gap_left_at_end_of_input_is_reported(tmp_path):
-    chunks = [Chunk("g", 0, qkv(2)), Chunk("g", 2, qkv(2)), Chunk("g", 3, qkv(2), final=True)]
-    run = run_transform(chunks, CausalLinearAttention(backend="numpy"), tmp_path)
-    assert [(d.chunk_index, d.reason) for d in run.dead] == [(2, "gap"), (3, "gap")]
-    assert "waited for chunk 1" in run.dead[0].message
-    assert run.counters["gaps"] >= 1 and run.counters["buffered"] == 2
-    assert [r.index for r in run.results] == [0]
-
-
-def test_embed_bad_tokens(tiny_model_path, tmp_path):
+def test_embed_bad_tokens(tiny_model_path):
     from linstream.ops import load_model
 
     model = tiny_model_path
@@ -123,10 +96,8 @@ def test_embed_bad_tokens(tiny_model_path, tmp_path):
         (Chunk("t5", 0, np.zeros(0, np.int32)), "empty_chunk"),
         (Chunk("t6", 0, None), "bad_dtype"),
     ]
-    clean = run_transform(good, EmbedSequences(model, backend="numpy"), tmp_path)
-    run = run_transform(
-        good + [c for c, _ in bad], EmbedSequences(model, backend="numpy"), tmp_path
-    )
+    clean = run_stage(good, EmbedSequences(model, backend="numpy"))
+    run = run_stage(good + [c for c, _ in bad], EmbedSequences(model, backend="numpy"))
     assert sorted((d.seq_id, d.reason) for d in run.dead) == sorted((c.seq_id, r) for c, r in bad)
     assert run.results == clean.results
     assert run.counters["dead_letters"] == len(bad)
@@ -159,15 +130,56 @@ def test_embed_features_model_and_its_bad_input(tmp_path):
         Chunk("h", 0, np.zeros((2, 4), np.float32)),
         Chunk("i", 0, np.zeros((2, 3), np.int32)),
     ]
-    run = run_transform(chunks, EmbedSequences(path, backend="numpy"), tmp_path)
+    run = run_stage(chunks, EmbedSequences(path, backend="numpy"))
     assert sorted((d.seq_id, d.reason) for d in run.dead) == [
         ("g", "non_finite"),
         ("h", "bad_shape"),
         ("i", "bad_dtype"),
     ]
-    whole = run_transform(
-        [Chunk("f", 0, x, final=True)], EmbedSequences(path, backend="numpy"), tmp_path
-    )
+    whole = run_stage([Chunk("f", 0, x, final=True)], EmbedSequences(path, backend="numpy"))
     got = np.concatenate([r.output for r in run.results])
     np.testing.assert_allclose(got, whole.results[0].output, rtol=1e-5, atol=1e-5)
     assert [r.start_position for r in run.results] == [0, 3]
+
+
+def _qkv(rng, t, h=2, d=3):
+    return tuple(rng.standard_normal((t, h, d)) for _ in range(3))
+
+
+def _chunk(seq, i, q, k, v, final=False):
+    return Chunk(seq, i, {"q": q, "k": k, "v": v}, final=final)
+
+
+def test_overflowing_chunk_is_dead_lettered_and_other_sequences_unchanged():
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    qa, ka, va = _qkv(rng, 4)
+    qb, kb, vb = _qkv(rng, 6)
+    huge = np.full((3, 2, 3), 1e200)
+    chunks = [
+        _chunk("a", 0, qa, ka, va),
+        _chunk("a", 1, huge, huge, huge, final=True),
+        _chunk("b", 0, qb[:3], kb[:3], vb[:3]),
+        _chunk("b", 1, qb[3:], kb[3:], vb[3:], final=True),
+    ]
+    run = run_stage(chunks, CausalLinearAttention(backend="numpy", eps=1e-6))
+    assert ("a", 1, "non_finite") in [(d.seq_id, d.chunk_index, d.reason) for d in run.dead]
+    got = run.by_key()
+    assert set(got) == {("a", 0), ("b", 0), ("b", 1)}
+    ref_b, _ = causal_recurrent(qb, kb, vb, eps=1e-6)
+    np.testing.assert_allclose(np.concatenate([got["b", 0].output, got["b", 1].output]), ref_b)
+    ref_a, _ = causal_recurrent(qa, ka, va, eps=1e-6)
+    np.testing.assert_allclose(got["a", 0].output, ref_a)
+
+
+def test_zero_sized_dimension_is_dead_lettered():
+    rng = np.random.default_rng(SEED)
+    q, k, v = _qkv(rng, 2)
+    empty_width = np.zeros((2, 1, 0))
+    chunks = [
+        _chunk("z", 0, empty_width, empty_width, empty_width, final=True),
+        _chunk("ok", 0, q, k, v, final=True),
+    ]
+    run = run_stage(chunks, CausalLinearAttention(backend="numpy", eps=1e-6))
+    assert [(d.seq_id, d.chunk_index) for d in run.dead] == [("z", 0)]
+    assert set(run.by_key()) == {("ok", 0)}

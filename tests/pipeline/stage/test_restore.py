@@ -1,19 +1,76 @@
-"""A resume job over a store holding hostile files: each such sequence's chunk is a
-`restore_failed` dead letter naming the problem, the other sequences go on, and nothing outside
-the store is written or deleted."""
+"""Restoring a sequence from the store: a corrupt newest commit is a dead letter unless the
+fallback is asked for, and a store holding hostile files dead-letters each such sequence (naming
+the problem) while the others go on and nothing outside the store changes.  Driven without a
+runner (tests/helpers/stage_runs.py)."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
-from _beam_helpers import run_transform
-from helpers.store_faults import HOSTILE_CASES, make_hostile_commit, random_state
+from helpers.stage_runs import run_stage
+from helpers.store_faults import HOSTILE_CASES, flip_bit, make_hostile_commit, random_state
+from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.stage.steps import RawAttentionStep
 from linstream.state import CheckpointStore
 
-SEED = 20261201
+SEED = 20261130
+
+
+def _chunks(q, k, v, indices, n_chunks, size):
+    return [
+        Chunk(
+            "s",
+            i,
+            {
+                "q": q[i * size : (i + 1) * size],
+                "k": k[i * size : (i + 1) * size],
+                "v": v[i * size : (i + 1) * size],
+            },
+            final=i == n_chunks - 1,
+        )
+        for i in indices
+    ]
+
+
+def test_corrupt_newest_commit_dead_letters_unless_fallback_is_asked(tmp_path):
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    size, n = 5, 4
+    q, k, v = (rng.standard_normal((size * n, 2, 3)) for _ in range(3))
+    ckpt = str(tmp_path / "ckpt")
+
+    def transform(**kw):
+        return CausalLinearAttention(
+            backend="numpy", checkpoint_dir=ckpt, checkpoint_every=1, eps=1e-6, **kw
+        )
+
+    first = run_stage(_chunks(q, k, v, range(3), n, size), transform())
+    assert len(first.results) == 3 and not first.dead
+    store = CheckpointStore(ckpt)
+    newest = store.commits("s")[0]
+    assert newest.next_chunk == 3
+    assert newest.data_path is not None and newest.size is not None
+    flip_bit(newest.data_path, newest.size // 2)
+
+    refused = run_stage(_chunks(q, k, v, [3], n, size), transform(resume=True))
+    assert not refused.results
+    assert [(d.seq_id, d.chunk_index, d.reason) for d in refused.dead] == [
+        ("s", 3, "restore_failed")
+    ]
+
+    resumed = run_stage(
+        _chunks(q, k, v, [2, 3], n, size), transform(resume=True, restore_fallback=True)
+    )
+    assert not resumed.dead
+    assert [r.index for r in resumed.results] == [2, 3]
+    ref, _ = causal_recurrent(q, k, v, eps=1e-6)
+    for r in resumed.results:
+        np.testing.assert_allclose(r.output, ref[r.index * size : (r.index + 1) * size], atol=1e-12)
+
+
+HOSTILE_SEED = 20261201
 WORDS = {
     "deep_manifest": "nested deeper than",
     "huge_int_manifest": "a number of 5000 characters",
@@ -38,9 +95,9 @@ def _files(folder: str) -> dict[str, tuple[int, float]]:
 
 
 def test_resume_over_hostile_checkpoints_dead_letters_each_and_goes_on(tmp_path):
-    print(f"seed={SEED}")
+    print(f"seed={HOSTILE_SEED}")
     assert set(WORDS) == set(HOSTILE_CASES)
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(HOSTILE_SEED)
     ckpt, outside = str(tmp_path / "ckpt"), str(tmp_path / "outside")
     os.makedirs(outside)
     fp = RawAttentionStep("elu+1", 1e-6).fingerprint
@@ -64,10 +121,9 @@ def test_resume_over_hostile_checkpoints_dead_letters_each_and_goes_on(tmp_path)
         v = rng.standard_normal((4, 2, 4))
         return Chunk(seq_id, 1, {"q": q, "k": k, "v": v}, final=True)
 
-    run = run_transform(
+    run = run_stage(
         [chunk(s) for s in [*sorted(HOSTILE_CASES), "good", "wrong_shape"]],
         CausalLinearAttention(backend="numpy", checkpoint_dir=ckpt, resume=True),
-        tmp_path,
     )
     assert [(r.seq_id, r.index) for r in run.results] == [("good", 1)]
     got = {d.seq_id: d for d in run.dead}
