@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from linstream.pipeline.io.text_input import ToChunks, read_input
+    from linstream.pipeline.io.text_input import InputConfig, ToChunks, read_input
     from linstream.pipeline.stage.transforms import CausalLinearAttention, EmbedSequences
 
     from .elements import (
@@ -31,6 +31,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterCoder",
     "EmbedSequences",
+    "InputConfig",
     "ToChunks",
     "read_input",
 ]
@@ -38,6 +39,7 @@ __all__ = [
 _WHERE = {
     "CausalLinearAttention": ".stage.transforms",
     "EmbedSequences": ".stage.transforms",
+    "InputConfig": ".io.text_input",
     "ToChunks": ".io.text_input",
     "read_input": ".io.text_input",
     **dict.fromkeys(

@@ -84,13 +84,14 @@ def main(argv: list[str] | None = None) -> Any:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from linstream.pipeline.app.job import build_embed_pipeline
+    from linstream.pipeline.app.options import EmbedConfig
 
     args, beam_args = split_args(sys.argv[1:] if argv is None else list(argv))
     if args.streaming and "--streaming" not in beam_args:
         beam_args.append("--streaming")
     options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(options=options)
-    build_embed_pipeline(pipeline, args)
+    build_embed_pipeline(pipeline, EmbedConfig.from_args(args))
     result = pipeline.run()
     if args.wait and not args.streaming:
         result.wait_until_finish()

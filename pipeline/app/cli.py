@@ -17,7 +17,10 @@ import os
 import shlex
 import sys
 import traceback
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from .options import EmbedConfig
 
 __all__ = [
     "EXIT_DEAD_LETTERS",
@@ -108,11 +111,11 @@ def _note(line: str) -> None:
     print(f"linstream embed: {line}", file=sys.stderr, flush=True)
 
 
-def _resume_command(args: argparse.Namespace) -> str:
-    argv = list(args.argv)
-    if not args.resume:
-        argv.append("--resume")
-    return shlex.join([_PROG, *argv])
+def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
+    again = list(argv)
+    if not config.resume:
+        again.append("--resume")
+    return shlex.join([_PROG, *again])
 
 
 _LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
@@ -127,7 +130,7 @@ def _runner_of(rest: list[str]) -> str:
     return "FnApiRunner"
 
 
-def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> None:
+def _report_stop(config: EmbedConfig, argv: list[str], signame: str, rest: list[str]) -> None:
     from .stopping import remove_stale_temporaries, result_files
 
     runner = _runner_of(rest)
@@ -138,7 +141,7 @@ def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> Non
             file=sys.stderr,
         )
         return
-    output = str(args.output).rstrip("/")
+    output = str(config.output).rstrip("/")
     removed = remove_stale_temporaries(output)
     local = "://" not in output
     if local:
@@ -146,8 +149,8 @@ def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> Non
     else:
         files = f"the result files under {output}/results are finalized"
     tidy = f", {len(removed)} temporary folder(s) removed" if removed else ""
-    if args.checkpoint_dir:
-        tail = f"resume with: {_resume_command(args)}"
+    if config.checkpoint_dir:
+        tail = f"resume with: {_resume_command(config, argv)}"
     else:
         tail = "nothing can be resumed without --checkpoint-dir (run it again to start over)"
     print(f"linstream embed: stopped by {signame}: {files}{tidy}; {tail}", file=sys.stderr)
@@ -155,22 +158,24 @@ def _report_stop(args: argparse.Namespace, signame: str, rest: list[str]) -> Non
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
     from .job import dead_letter_verdict, run_embed
+    from .options import EmbedConfig
     from .stopping import Stopped, run_stoppable
 
     _check_beam_args(rest)
+    config = EmbedConfig.from_args(args)  # parsed once; everything below reads this
     try:
-        summary = run_stoppable(lambda: run_embed(args, rest, log=_note))
+        summary = run_stoppable(lambda: run_embed(config, rest, log=_note))
     except Stopped as stop:
-        _report_stop(args, str(stop), rest)
+        _report_stop(config, args.argv, str(stop), rest)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped
-    out = str(args.output).rstrip("/")
+    out = str(config.output).rstrip("/")
     where = f" in {out}/dead_letters/" if summary.dead_letters else ""
     print(f"linstream embed: {summary.line()}")
     print(f"linstream embed: {summary.dead_letter_line()}{where}")
     print(f"results in {out}/results/")
-    verdict = dead_letter_verdict(summary, args.max_dead_letters)
+    verdict = dead_letter_verdict(summary, config.max_dead_letters)
     if verdict:
         print(f"linstream embed: exit 3: {verdict}", file=sys.stderr)
         return EXIT_DEAD_LETTERS

@@ -15,12 +15,12 @@ import argparse
 import os
 import shutil
 import tempfile
-from typing import Any
 
 import numpy as np
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 
 from .job import JobSummary, run_embed
+from .options import EmbedConfig
 from .sample import model_input, sample_chunks
 
 __all__ = ["compare_results", "run_demo"]
@@ -48,25 +48,6 @@ def compare_results(
         else:
             worst = max(worst, float(np.max(np.abs(xa.astype(np.float64) - xb))))
     return problems, worst
-
-
-def _job_args(**kw: Any) -> argparse.Namespace:
-    base: dict[str, Any] = {
-        "model": "builtin:default",
-        "checkpoint_dir": None,
-        "resume": False,
-        "emit": "tokens",
-        "backend": "auto",
-        "checkpoint_every": 4,
-        "max_buffered_chunks": 64,
-        "idle_timeout": 300.0,
-        "state_dtype": "float64",
-        "num_shards": 0,
-        "progress_every": 0,
-        "streaming": False,
-    }
-    base.update(kw)
-    return argparse.Namespace(**base)
 
 
 def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -99,15 +80,26 @@ def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
     )
     ckpt = os.path.join(workdir, "checkpoints")
     shutil.rmtree(ckpt, ignore_errors=True)
-    common = {"model": args.model, "backend": args.backend}
     runs: list[tuple[str, JobSummary]] = []
 
-    def job(name: str, **kw: Any) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
+    def job(
+        name: str, inp: str, checkpoint_dir: str | None = None, resume: bool = False
+    ) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
         out = os.path.join(workdir, "out", name)
         shutil.rmtree(out, ignore_errors=True)
-        summary = run_embed(
-            _job_args(output=out, **common, **kw), beam_args, log=lambda line: print(f"  {line}")
+        config = EmbedConfig(
+            input=inp,
+            output=out,
+            model=args.model,
+            backend=args.backend,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            emit="tokens",
+            checkpoint_every=4,
+            max_buffered_chunks=64,
+            progress_every=0,
         )
+        summary = run_embed(config, beam_args, log=lambda line: print(f"  {line}"))
         runs.append((name, summary))
         print(f"  {name:<14} {summary.line()}")
         dead = read_dead_letters(out)
@@ -115,10 +107,10 @@ def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
             print(f"  {name:<14} {len(dead)} dead letter(s), e.g. {dead[0]}")
         return read_results(out)
 
-    r1 = job("part1", input=paths["part1"], checkpoint_dir=ckpt)
+    r1 = job("part1", paths["part1"], checkpoint_dir=ckpt)
     print(f"  -- stopped after part 1 (first {min(stop.values())}-{max(stop.values())} chunks)")
-    r2 = job("part2-resume", input=paths["part2"], checkpoint_dir=ckpt, resume=True)
-    full = job("uninterrupted", input=paths["all"])
+    r2 = job("part2-resume", paths["part2"], checkpoint_dir=ckpt, resume=True)
+    full = job("uninterrupted", paths["all"])
     resumed = {**r1, **r2}
     problems, worst = compare_results(full, resumed)
     if set(r1) & set(r2):

@@ -1,13 +1,14 @@
-"""The embed job: its options, `build_embed_pipeline(pipeline, args)`, and a local runner helper.
+"""The embed job: `build_embed_pipeline(pipeline, config)`, and running it on a local runner.
 
 `build_embed_pipeline` only adds transforms to a pipeline, so deploy tooling can build the same
-graph for Dataflow (or translate it with a dry run) that `linstream embed` runs locally.
+graph for Dataflow (or translate it with a dry run) that `linstream embed` runs locally.  Both
+take one `EmbedConfig` (options.py), built once from the command line, a `PipelineOptions` view
+or a dict.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,11 +19,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io import WriteDeadLetters, WriteResults
-from linstream.pipeline.io.text_input import read_input
+from linstream.pipeline.io.text_input import input_token_total, read_input
 from linstream.pipeline.stage.counters import NAMESPACE
 from linstream.pipeline.stage.transforms import EmbedSequences
 
+from .flag_values import DeadLetterLimit, parse_dead_letter_limit
 from .local_runner import state_cache_for
+from .options import EmbedConfig
 from .options import add_embed_arguments as add_flags
 
 __all__ = [
@@ -44,15 +47,10 @@ DEFAULT_LOCAL_RUNNER = "FnApiRunner"
 def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
     """The embed job's own options (`linstream.pipeline.app.options.EMBED_FLAGS`, both spellings of
     each) and the streaming sources'; anything else is a Beam pipeline option."""
+    from linstream.pipeline.io.streaming import add_streaming_args
+
     add_flags(parser)
-    if _has_streaming_sources():
-        from linstream.pipeline.io import streaming as streaming_sources
-
-        streaming_sources.add_streaming_args(parser)
-
-
-def _has_streaming_sources() -> bool:
-    return importlib.util.find_spec("linstream.pipeline.io.streaming") is not None
+    add_streaming_args(parser)
 
 
 def pipeline_options(beam_args: list[str], *, streaming: bool = False) -> PipelineOptions:
@@ -65,74 +63,43 @@ def pipeline_options(beam_args: list[str], *, streaming: bool = False) -> Pipeli
     return PipelineOptions(args)
 
 
-def _get(args: Any, name: str, default: Any = None) -> Any:
-    if isinstance(args, dict):
-        return args.get(name, default)
-    return getattr(args, name, default)
-
-
-def _set(args: Any, name: str, value: Any) -> None:
-    if isinstance(args, dict):
-        args[name] = value
-    else:
-        setattr(args, name, value)
-
-
-def build_embed_pipeline(pipeline: beam.Pipeline, args: Any) -> tuple[Any, Any]:
+def build_embed_pipeline(
+    pipeline: beam.Pipeline, config: EmbedConfig, *, total_tokens: int | None = None
+) -> tuple[Any, Any]:
     """Add read → EmbedSequences → write to `pipeline`; returns (results, dead_letters).
 
-    `args` is the namespace (or a dict) of `add_embed_arguments`: input, output, model,
-    checkpoint_dir, resume, emit, backend, checkpoint_every, max_buffered_chunks, ...
-    With `streaming`, chunks come from `linstream.pipeline.io.streaming.read_stream_chunks`.
+    With ``config.streaming``, chunks come from the streaming source (`config.stream`);
+    ``total_tokens`` (the input's, when counted before the run) gives the progress line an ETA.
     """
-    emit = _get(args, "emit", "mean")
-    progress = _get(args, "progress_every", 10.0)
-    output = _get(args, "output")
-    # With a checkpoint store the stage writes each span of results as part of the commit that
-    # covers it (exactly once across crashes); without one, Beam's file sink writes them.
-    commit_outputs = bool(_get(args, "checkpoint_dir")) and output is not None
+    output = config.output
+    if not output:
+        msg = "--output is required"
+        raise UsageError(msg)
     transform = EmbedSequences(
-        _get(args, "model", "builtin:default"),
-        backend=_get(args, "backend", "auto"),
-        checkpoint_dir=_get(args, "checkpoint_dir"),
-        checkpoint_every=_get(args, "checkpoint_every", 16),
-        resume=bool(_get(args, "resume", False)),
-        max_buffered_chunks=_get(args, "max_buffered_chunks", None),
-        idle_timeout=_get(args, "idle_timeout", 300.0),
-        state_dtype=_get(args, "state_dtype", "float64"),
-        emit=emit,
-        progress_every_s=progress if progress else None,
-        restore_fallback=bool(_get(args, "restore_fallback", False)),
-        output_dir=output if commit_outputs else None,
-        total_tokens=_get(args, "total_tokens"),
+        config.model,
+        backend=config.backend,
+        state_dtype=config.state_dtype,
+        stage=config.stage_config(total_tokens=total_tokens),
     )
     width = int(transform.model.config.d_model)
-    if _get(args, "streaming", False):
-        if not _has_streaming_sources():
-            msg = (
-                "--streaming needs linstream.pipeline.io.streaming (read_stream_chunks), "
-                "which this installation does not have"
-            )
-            raise RuntimeError(msg)
-        from linstream.pipeline.io import streaming as streaming_sources
+    if config.streaming:
+        from linstream.pipeline.io.streaming import read_stream_chunks
 
-        chunks, source_dead = streaming_sources.read_stream_chunks(
-            pipeline, args, with_dead_letters=True
-        )
+        chunks, source_dead = read_stream_chunks(pipeline, config.stream, with_dead_letters=True)
     else:
-        chunks, source_dead = read_input(pipeline, args)
+        chunks, source_dead = read_input(pipeline, config.input_config())
     results, dead = chunks | "Embed" >> transform.with_exception_handling()
     if source_dead is not None:
         dead = (dead, source_dead) | "AllDeadLetters" >> beam.Flatten()
-    if _get(args, "streaming", False):
+    if config.streaming:
         from apache_beam.transforms.window import FixedWindows
 
-        window = float(_get(args, "window_seconds", 60.0))
+        window = float(config.window_seconds)
         results = results | "WindowResults" >> beam.WindowInto(FixedWindows(window))
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
-    if not commit_outputs:
-        results | "WriteResults" >> WriteResults(output, width, emit, _get(args, "num_shards", 0))
-    dead | "WriteDeadLetters" >> WriteDeadLetters(output, topic=_get(args, "dead_letter_topic"))
+    if not config.commits_outputs:
+        results | "WriteResults" >> WriteResults(output, width, config.emit, config.num_shards)
+    dead | "WriteDeadLetters" >> WriteDeadLetters(output, topic=config.stream.dead_letter_topic)
     return results, dead
 
 
@@ -184,7 +151,9 @@ class JobSummary:
         )
 
 
-def dead_letter_verdict(summary: JobSummary, limit: Any = None) -> str | None:
+def dead_letter_verdict(
+    summary: JobSummary, limit: DeadLetterLimit | str | None = None
+) -> str | None:
     """Why the job must exit 3 (a sentence), or None.
 
     The rule: any `restore_failed` dead letter (a sequence's checkpoint could not be read, so
@@ -192,8 +161,6 @@ def dead_letter_verdict(summary: JobSummary, limit: Any = None) -> str | None:
     dead letters than `--max-dead-letters` (N, or P% of applied chunks + dead letters).
     """
     if isinstance(limit, str):
-        from .options import parse_dead_letter_limit
-
         limit = parse_dead_letter_limit(limit)
     dead, chunks = summary.dead_letters, summary.counters.get("chunks", 0)
     restore_failed = summary.counters.get("dead_letters.restore_failed", 0)
@@ -240,15 +207,15 @@ def _remove_empty_temp_dirs(output: str | None) -> None:
                 os.rmdir(path)
 
 
-def check_embed_args(args: Any, beam_args: list[str]) -> None:
+def check_embed_args(config: EmbedConfig, beam_args: list[str]) -> None:
     """Usage errors found before anything runs (UsageError, exit status 2)."""
-    if _get(args, "resume", False) and not _get(args, "checkpoint_dir"):
+    if config.resume and not config.checkpoint_dir:
         msg = "--resume needs --checkpoint-dir (the checkpoint store to continue from)"
         raise UsageError(msg)
-    if not _get(args, "output"):
+    if not config.output:
         msg = "--output is required"
         raise UsageError(msg)
-    if _get(args, "backend", "auto") == "cupy":
+    if config.backend == "cupy":
         from linstream.ops.backend import cupy_unavailable_reason
 
         reason = cupy_unavailable_reason()
@@ -285,11 +252,11 @@ def numba_cache_is_cold() -> bool:
     )
 
 
-def _announce_compile(args: Any, log: Any) -> None:
+def _announce_compile(config: EmbedConfig, log: Any) -> None:
     from linstream.ops import resolve_backend
 
     try:
-        backend = resolve_backend(_get(args, "backend", "auto"))
+        backend = resolve_backend(config.backend)
     except Exception:  # reported where the job uses it
         return
     if backend == "numba" and numba_cache_is_cold():
@@ -299,10 +266,12 @@ def _announce_compile(args: Any, log: Any) -> None:
         )
 
 
-def run_embed(args: Any, beam_args: list[str] | None = None, *, log: Any = None) -> JobSummary:
+def run_embed(
+    config: EmbedConfig, beam_args: list[str] | None = None, *, log: Any = None
+) -> JobSummary:
     """Build and run the embed job to completion (local runners); return its summary.
 
-    Raises UsageError for what is wrong in `args` (before anything runs) and JobFailed when
+    Raises UsageError for what is wrong in ``config`` (before anything runs) and JobFailed when
     the run itself fails.  `log(line)` receives the one-line notes (stale temporaries removed,
     kernels compiling); default: the `linstream.pipeline.app.job` logger.
     """
@@ -310,23 +279,22 @@ def run_embed(args: Any, beam_args: list[str] | None = None, *, log: Any = None)
 
     say = log or logging.getLogger(__name__).info
     beam_args = list(beam_args or [])
-    check_embed_args(args, beam_args)
+    check_embed_args(config, beam_args)
     from .stopping import remove_stale_temporaries
 
-    output = _get(args, "output")
+    output = config.output
     stale = remove_stale_temporaries(output)
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
-    if _get(args, "progress_every", 0) and not _get(args, "streaming", False):
-        from linstream.pipeline.io.text_input import input_token_total
-
-        _set(args, "total_tokens", input_token_total(args))  # for the progress line's ETA
-    opts = pipeline_options(beam_args, streaming=bool(_get(args, "streaming", False)))
+    total = None
+    if config.progress_every and not config.streaming:
+        total = input_token_total(config.input_config())  # for the progress line's ETA
+    opts = pipeline_options(beam_args, streaming=config.streaming)
     pipeline = beam.Pipeline(options=opts)
-    build_embed_pipeline(pipeline, args)
+    build_embed_pipeline(pipeline, config, total_tokens=total)
     runner = str(opts.get_all_options().get("runner") or "")
     if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
-        _announce_compile(args, say)
+        _announce_compile(config, say)
     t0 = time.perf_counter()
     try:
         with state_cache_for(opts):  # as an SDK harness sizes it (FnApiRunner: 100 MB)

@@ -1,5 +1,11 @@
-"""The embed job's options: one table of flags, used by `linstream embed`, by deploy launchers and
-by Beam itself (`LinstreamOptions`, a `PipelineOptions` view).
+"""The embed job's options: one frozen `EmbedConfig`, parsed once, whose fields are the flags.
+
+Each field of `EmbedConfig` declares one flag of `linstream embed` (help, parser, default), and
+`EMBED_FLAGS`, the table of flags, is read from those fields: the same table builds the command
+line (`add_embed_arguments`), deploy launchers' parsers and a Beam `PipelineOptions` view
+(`LinstreamOptions`).  A config is built once — `EmbedConfig.from_args(namespace)`,
+`.from_options(pipeline_options)` or `.from_dict({...})` — and handed down: the reader gets
+`input_config()`, the stateful stage `stage_config()`, the streaming source `stream`.
 
 Every flag has two spellings, `--checkpoint-dir` and `--checkpoint_dir` (Flex Template parameters
 and Beam's own options use underscores), and both set the same value.  Boolean flags also take a
@@ -10,131 +16,299 @@ ends with the default, so `--help` shows it.
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
+from linstream.pipeline.io.reader_config import InputConfig, StreamConfig
+from linstream.pipeline.stage.config import StageConfig
+
+from .flag_values import (
+    DeadLetterLimit,
+    dead_letter_limit_text,
+    non_negative_float,
+    non_negative_int,
+    optional_count,
+    parse_bool,
+    parse_dead_letter_limit,
+    positive_int,
+)
 
 __all__ = [
+    "BACKENDS",
     "EMBED_FLAGS",
     "EMIT_CHOICES",
     "INPUT_FORMATS",
-    "DeadLetterLimit",
+    "EmbedConfig",
     "Flag",
     "LinstreamOptions",
-    "UsageError",
     "add_embed_arguments",
-    "parse_bool",
-    "parse_dead_letter_limit",
 ]
 
 #: `--emit` values (the stateful stage decides what each writes; see README "Output").
 EMIT_CHOICES = ("mean", "last", "sequence", "tokens")
 #: `--input-format` values; `auto` looks at the input (see `linstream.pipeline.io.text_input`).
 INPUT_FORMATS = ("auto", "chunks", "text", "jsonl", "parquet-text", "tokens-jsonl")
-
-_TRUE = {"true", "1", "yes", "on"}
-
-
-_FALSE = {"false", "0", "no", "off"}
-
-
-def parse_bool(value: str) -> bool:
-    """`true|false|1|0|yes|no|on|off` (any case) as a bool."""
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    msg = f"expected true or false, got {value!r}"
-    raise argparse.ArgumentTypeError(msg)
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        msg = f"expected a whole number >= 1, got {value!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
-
-
-def _non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        msg = f"expected a whole number >= 0, got {value!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
-
-
-def _optional_count(value: str) -> int | None:
-    """`none` (no bound) or a whole number >= 0."""
-    if value.strip().lower() == "none":
-        return None
-    return _non_negative_int(value)
-
-
-def _non_negative_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = -1.0
-    if not x >= 0:
-        msg = f"expected a number >= 0, got {value!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return x
+#: `--backend` values.
+BACKENDS = ("auto", "numpy", "numba", "cupy")
 
 
 @dataclass(frozen=True)
-class DeadLetterLimit:
-    """`--max-dead-letters`: None (no count limit), a count, or a percentage of all chunks."""
+class _Spec:
+    """What a field of `EmbedConfig` says about its flag (the name and default are the field's)."""
 
-    count: int | None = None
-    percent: float | None = None
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+    boolean: bool = False
+    required: bool = False
 
-    def exceeded(self, dead: int, chunks: int) -> bool:
-        """Whether `dead` dead letters, beside `chunks` applied chunks, pass the limit."""
-        if self.count is not None:
-            return dead > self.count
-        if self.percent is not None:
-            total = dead + chunks
-            return total > 0 and 100.0 * dead / total > self.percent
-        return False
-
-    def __str__(self) -> str:
-        if self.count is not None:
-            return str(self.count)
-        if self.percent is not None:
-            return f"{self.percent:g}%"
-        return "none"
-
-
-def parse_dead_letter_limit(value: str | DeadLetterLimit) -> DeadLetterLimit:
-    """`none`, `N` (a count) or `P%` (a percentage of chunks + dead letters)."""
-    if isinstance(value, DeadLetterLimit):
+    def check(self, name: str, value: Any, default: Any) -> Any:
+        """``value`` as the flag's parser makes it (text, or a value of the wrong kind, is parsed
+        as its text); None is "not given" (the default).  UsageError naming the flag."""
+        if value is None:
+            return default
+        try:
+            if self.boolean:
+                value = parse_bool(value) if isinstance(value, str) else bool(value)
+            elif self.type is not None:
+                value = self.type(str(value))
+        except argparse.ArgumentTypeError as ex:
+            msg = f"--{name.replace('_', '-')}: {ex}"
+            raise UsageError(msg) from ex
+        if self.choices is not None and value not in self.choices:
+            msg = (
+                f"--{name.replace('_', '-')}: expected one of {', '.join(self.choices)}, "
+                f"got {value!r}"
+            )
+            raise UsageError(msg)
         return value
-    v = value.strip().lower()
-    if v in ("none", ""):
-        return DeadLetterLimit()
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)%", v)
-    if m and float(m.group(1)) <= 100:
-        return DeadLetterLimit(percent=float(m.group(1)))
-    if v.isdigit():
-        return DeadLetterLimit(count=int(v))
-    msg = f"expected none, a count N or a percentage P% (0-100), got {value!r}"
-    raise argparse.ArgumentTypeError(msg)
 
 
-def _dead_letter_limit_text(value: str) -> str:
-    return str(parse_dead_letter_limit(value))
+def _flag(help_text: str, default: Any = None, **spec: Any) -> Any:
+    return field(default=default, metadata={"flag": _Spec(help_text, **spec)})
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Every option of the embed job, checked (a bad value is a UsageError naming its flag).
+
+    Build it with one of the constructors below (or directly, by field name); hand its parts
+    down: `input_config()` to the reader, `stage_config()` to `EmbedSequences`, `stream` to the
+    streaming source.  The fields below, in order, are the flags of `linstream embed`.
+    """
+
+    input: str | None = _flag(
+        "what to embed: a folder of text files, a file, a glob, or globs joined by ','; "
+        "local paths or any filesystem Beam knows (gs://, s3://)",
+        metavar="PATH",
+    )
+    input_format: str = _flag(
+        "how to read --input: chunks (Parquet rows seq_id, chunk_index, final, tokens|features), "
+        "text (one sequence per file, id = path relative to the folder), jsonl / parquet-text "
+        "(one sequence per row: --id-column, --text-column), tokens-jsonl (one sequence per "
+        "line: --id-column, --tokens-column); auto picks from the files",
+        "auto",
+        choices=INPUT_FORMATS,
+    )
+    id_column: str = _flag("sequence id column of jsonl / parquet-text / tokens-jsonl rows", "id")
+    text_column: str = _flag("text column of jsonl / parquet-text rows", "text")
+    tokens_column: str = _flag("token-id list column of tokens-jsonl rows", "tokens")
+    tokenizer: str | None = _flag(
+        "tokenizer for text input: a tokenizer.json path (local or gs://...) or builtin:bytes "
+        "(UTF-8 bytes, ids 0-255, no download); none: the one the model file names, else "
+        "builtin:bytes",
+        metavar="SPEC",
+    )
+    chunk_tokens: int = _flag(
+        "tokens per chunk when linstream chunks text or token lists (the last chunk of a "
+        "sequence may be shorter and is marked final)",
+        2048,
+        type=positive_int,
+        metavar="N",
+    )
+    output: str | None = _flag(
+        "folder for the results (<output>/results/, Parquet) and the dead letters "
+        "(<output>/dead_letters/, JSON Lines)",
+        metavar="PATH",
+        required=True,
+    )
+    model: str = _flag(
+        "builtin:default or a .safetensors model file (local or gs://...)",
+        "builtin:default",
+        metavar="SPEC",
+    )
+    checkpoint_dir: str | None = _flag(
+        "checkpoint store root (local path or gs://, s3://, memory://); without it nothing "
+        "is checkpointed and a stopped job cannot be resumed",
+        metavar="PATH",
+    )
+    resume: bool = _flag(
+        "continue every sequence from its last commit in --checkpoint-dir", False, boolean=True
+    )
+    emit: str = _flag(
+        "what each output row holds: mean (one vector per chunk, the mean over its tokens), "
+        "last (the chunk's last token), sequence (one vector per finished sequence, the mean "
+        "over all its tokens), tokens (one vector per token: d_model x 4 bytes per token, "
+        "e.g. 512 MB per million tokens of builtin:default)",
+        "mean",
+        choices=EMIT_CHOICES,
+    )
+    backend: str = _flag(
+        "kernels: auto (CuPy where a GPU is seen, else Numba), numba, numpy, cupy",
+        "auto",
+        choices=BACKENDS,
+    )
+    checkpoint_every: int = _flag(
+        "commit each sequence's state every N applied chunks (and at its final chunk)",
+        16,
+        type=positive_int,
+        metavar="N",
+    )
+    restore_fallback: bool = _flag(
+        "when a sequence's newest checkpoint is corrupt, continue from the previous one "
+        "(logged); without it that sequence's chunks go to the dead letters (restore_failed)",
+        False,
+        boolean=True,
+    )
+    max_buffered_chunks: int | None = _flag(
+        "dead-letter (beyond_buffer) chunks more than N ahead of the next one to apply; "
+        "none: no bound in Beam state (set one for streaming jobs)",
+        None,
+        type=optional_count,
+        metavar="N|none",
+    )
+    idle_timeout: float = _flag(
+        "event-time seconds after which an idle, committed sequence's Beam state is cleared",
+        300.0,
+        type=non_negative_float,
+        metavar="S",
+    )
+    state_dtype: str = _flag(
+        "carried state (S, z) dtype", "float64", choices=("float64", "float32")
+    )
+    num_shards: int = _flag(
+        "result files per window (0: the runner decides)",
+        0,
+        type=non_negative_int,
+        metavar="N",
+    )
+    progress_every: float = _flag(
+        "seconds between progress lines (done/total, tokens/s, ETA); 0 turns them off",
+        10.0,
+        type=non_negative_float,
+        metavar="S",
+    )
+    max_dead_letters: DeadLetterLimit = field(
+        default=DeadLetterLimit(),
+        metadata={
+            "flag": _Spec(
+                "exit 3 when dead letters pass N (a count) or P% of all chunks; in every case a "
+                "restore_failed dead letter, or a job whose chunks all went to the dead letters, "
+                "exits 3",
+                type=parse_dead_letter_limit,
+                metavar="N|P%",
+            )
+        },
+    )
+    streaming: bool = _flag(
+        "read an unbounded source (--pubsub_subscription, --kafka_topic, ...)",
+        False,
+        boolean=True,
+    )
+    window_seconds: float = _flag(
+        "output window length with --streaming",
+        60.0,
+        type=non_negative_float,
+        metavar="S",
+    )
+    #: The streaming source (its own flags: `linstream.pipeline.io.streaming`).
+    stream: StreamConfig = field(default_factory=StreamConfig)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            spec = f.metadata.get("flag")
+            if spec is not None:
+                object.__setattr__(
+                    self, f.name, spec.check(f.name, getattr(self, f.name), f.default)
+                )
+
+    # -- built once, from what the caller has --------------------------------------------------
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbedConfig:
+        """From a parsed command line (`linstream embed`'s, a launcher's); the namespace's other
+        attributes (the command, -v, a launcher's own flags) are not options and stay there."""
+        return cls._of(vars(args))
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions) -> EmbedConfig:
+        """From Beam pipeline options (a Flex Template launcher's, `PipelineOptions(argv)`): the
+        `LinstreamOptions` view, and the streaming source options given beside it."""
+        view = options.view_as(LinstreamOptions)
+        return cls._of(view.get_all_options(retain_unknown_options=True))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EmbedConfig:
+        """From option names (the underscore spelling, `checkpoint_dir`) and values, as text or
+        as values; an unknown name is a UsageError."""
+        unknown = sorted(set(values) - _FLAG_NAMES - _STREAM_NAMES)
+        if unknown:
+            msg = (
+                f"unknown embed option {unknown[0]!r}; expected some of "
+                f"{', '.join(sorted(_FLAG_NAMES | _STREAM_NAMES))}"
+            )
+            raise UsageError(msg)
+        return cls._of(values)
+
+    @classmethod
+    def _of(cls, values: Mapping[str, Any]) -> EmbedConfig:
+        given = {name: values[name] for name in _FLAG_NAMES if name in values}
+        stream = {n: values[n] for n in _STREAM_NAMES if values.get(n) is not None}
+        return cls(**given, stream=StreamConfig(**stream))
+
+    # -- the parts handed down -----------------------------------------------------------------
+    @property
+    def commits_outputs(self) -> bool:
+        """Whether the stage writes each span of results as part of the commit that covers it
+        (with a checkpoint store: exactly once across crashes); else Beam's file sink does."""
+        return bool(self.checkpoint_dir) and self.output is not None
+
+    def input_config(self) -> InputConfig:
+        """What `read_input` reads."""
+        return InputConfig(
+            input=self.input,
+            input_format=self.input_format,
+            id_column=self.id_column,
+            text_column=self.text_column,
+            tokens_column=self.tokens_column,
+            tokenizer=self.tokenizer,
+            chunk_tokens=self.chunk_tokens,
+            model=self.model,
+        )
+
+    def stage_config(self, *, total_tokens: int | None = None) -> StageConfig:
+        """How the stateful stage runs; ``total_tokens`` (counted before the run, when it can be)
+        gives the progress line its ETA."""
+        return StageConfig(
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_every=self.checkpoint_every,
+            resume=self.resume,
+            max_buffered_chunks=self.max_buffered_chunks,
+            idle_timeout=self.idle_timeout,
+            emit=self.emit,
+            progress_every_s=self.progress_every or None,
+            restore_fallback=self.restore_fallback,
+            output_dir=self.output if self.commits_outputs else None,
+            total_tokens=total_tokens,
+        )
+
+
+_FLAG_NAMES = frozenset(f.name for f in dataclasses.fields(EmbedConfig) if "flag" in f.metadata)
+_STREAM_NAMES = frozenset(f.name for f in dataclasses.fields(StreamConfig))
 
 
 @dataclass(frozen=True)
@@ -175,7 +349,7 @@ class Flag:
         if self.type is not None:
             kw["type"] = self.type
         if for_beam and isinstance(self.default, DeadLetterLimit):
-            kw["default"], kw["type"] = str(self.default), _dead_letter_limit_text
+            kw["default"], kw["type"] = str(self.default), dead_letter_limit_text
         if self.choices is not None:
             kw["choices"] = list(self.choices)
         if self.metavar is not None:
@@ -185,147 +359,28 @@ class Flag:
         return kw
 
 
-EMBED_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "input",
-        "what to embed: a folder of text files, a file, a glob, or globs joined by ','; "
-        "local paths or any filesystem Beam knows (gs://, s3://)",
-        metavar="PATH",
-    ),
-    Flag(
-        "input-format",
-        "how to read --input: chunks (Parquet rows seq_id, chunk_index, final, tokens|features), "
-        "text (one sequence per file, id = path relative to the folder), jsonl / parquet-text "
-        "(one sequence per row: --id-column, --text-column), tokens-jsonl (one sequence per "
-        "line: --id-column, --tokens-column); auto picks from the files",
-        default="auto",
-        choices=INPUT_FORMATS,
-    ),
-    Flag("id-column", "sequence id column of jsonl / parquet-text / tokens-jsonl rows", "id"),
-    Flag("text-column", "text column of jsonl / parquet-text rows", "text"),
-    Flag("tokens-column", "token-id list column of tokens-jsonl rows", "tokens"),
-    Flag(
-        "tokenizer",
-        "tokenizer for text input: a tokenizer.json path (local or gs://...) or builtin:bytes "
-        "(UTF-8 bytes, ids 0-255, no download); none: the one the model file names, else "
-        "builtin:bytes",
-        metavar="SPEC",
-    ),
-    Flag(
-        "chunk-tokens",
-        "tokens per chunk when linstream chunks text or token lists (the last chunk of a "
-        "sequence may be shorter and is marked final)",
-        2048,
-        type=_positive_int,
-        metavar="N",
-    ),
-    Flag(
-        "output",
-        "folder for the results (<output>/results/, Parquet) and the dead letters "
-        "(<output>/dead_letters/, JSON Lines)",
-        metavar="PATH",
-        required=True,
-    ),
-    Flag(
-        "model",
-        "builtin:default or a .safetensors model file (local or gs://...)",
-        "builtin:default",
-        metavar="SPEC",
-    ),
-    Flag(
-        "checkpoint-dir",
-        "checkpoint store root (local path or gs://, s3://, memory://); without it nothing "
-        "is checkpointed and a stopped job cannot be resumed",
-        metavar="PATH",
-    ),
-    Flag(
-        "resume",
-        "continue every sequence from its last commit in --checkpoint-dir",
-        False,
-        boolean=True,
-    ),
-    Flag(
-        "emit",
-        "what each output row holds: mean (one vector per chunk, the mean over its tokens), "
-        "last (the chunk's last token), sequence (one vector per finished sequence, the mean "
-        "over all its tokens), tokens (one vector per token: d_model x 4 bytes per token, "
-        "e.g. 512 MB per million tokens of builtin:default)",
-        "mean",
-        choices=EMIT_CHOICES,
-    ),
-    Flag(
-        "backend",
-        "kernels: auto (CuPy where a GPU is seen, else Numba), numba, numpy, cupy",
-        "auto",
-        choices=("auto", "numpy", "numba", "cupy"),
-    ),
-    Flag(
-        "checkpoint-every",
-        "commit each sequence's state every N applied chunks (and at its final chunk)",
-        16,
-        type=_positive_int,
-        metavar="N",
-    ),
-    Flag(
-        "restore-fallback",
-        "when a sequence's newest checkpoint is corrupt, continue from the previous one "
-        "(logged); without it that sequence's chunks go to the dead letters (restore_failed)",
-        False,
-        boolean=True,
-    ),
-    Flag(
-        "max-buffered-chunks",
-        "dead-letter (beyond_buffer) chunks more than N ahead of the next one to apply; "
-        "none: no bound in Beam state (set one for streaming jobs)",
-        None,
-        type=_optional_count,
-        metavar="N|none",
-    ),
-    Flag(
-        "idle-timeout",
-        "event-time seconds after which an idle, committed sequence's Beam state is cleared",
-        300.0,
-        type=_non_negative_float,
-        metavar="S",
-    ),
-    Flag("state-dtype", "carried state (S, z) dtype", "float64", choices=("float64", "float32")),
-    Flag(
-        "num-shards",
-        "result files per window (0: the runner decides)",
-        0,
-        type=_non_negative_int,
-        metavar="N",
-    ),
-    Flag(
-        "progress-every",
-        "seconds between progress lines (done/total, tokens/s, ETA); 0 turns them off",
-        10.0,
-        type=_non_negative_float,
-        metavar="S",
-    ),
-    Flag(
-        "max-dead-letters",
-        "exit 3 when dead letters pass N (a count) or P% of all chunks; in every case a "
-        "restore_failed dead letter, or a job whose chunks all went to the dead letters, "
-        "exits 3",
-        DeadLetterLimit(),
-        type=parse_dead_letter_limit,
-        metavar="N|P%",
-    ),
-    Flag(
-        "streaming",
-        "read an unbounded source (--pubsub_subscription, --kafka_topic, ...)",
-        False,
-        boolean=True,
-    ),
-    Flag(
-        "window-seconds",
-        "output window length with --streaming",
-        60.0,
-        type=_non_negative_float,
-        metavar="S",
-    ),
-)
+def _flags() -> tuple[Flag, ...]:
+    out = []
+    for f in dataclasses.fields(EmbedConfig):
+        spec = f.metadata.get("flag")
+        if spec is not None:
+            out.append(
+                Flag(
+                    f.name.replace("_", "-"),
+                    spec.help,
+                    f.default,
+                    spec.type,
+                    spec.choices,
+                    spec.metavar,
+                    spec.boolean,
+                    spec.required,
+                )
+            )
+    return tuple(out)
+
+
+#: The flags of `linstream embed`, one per field of `EmbedConfig`, in its order.
+EMBED_FLAGS: tuple[Flag, ...] = _flags()
 
 
 def add_embed_arguments(parser: argparse.ArgumentParser, *, for_beam: bool = False) -> None:

@@ -2,6 +2,7 @@
 
     text_input       `read_input`: text, JSON Lines, Parquet text rows, token lists, chunk files
                      -> chunks; `ToChunks` cuts (id, text or tokens) into chunks
+    reader_config    InputConfig and StreamConfig: what the readers are told, as frozen values
     tokenizers       the built-in byte tokenizer and Hugging Face tokenizer.json files
     chunk_files      the chunk Parquet format and its reader
     special_files    input paths that are not regular files (FIFOs, sockets, devices)
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         result_schema,
         results_to_table,
     )
+    from .reader_config import InputConfig, StreamConfig
 
 _WHERE = {
     **dict.fromkeys(
@@ -83,6 +85,7 @@ _WHERE = {
         ],
         ".output_files",
     ),
+    **dict.fromkeys(["InputConfig", "StreamConfig"], ".reader_config"),
 }
 
 __all__ = [
@@ -92,7 +95,9 @@ __all__ = [
     "RESULTS_DIR",
     "RESULTS_PREFIX",
     "UNREADABLE_FILE",
+    "InputConfig",
     "ReadChunks",
+    "StreamConfig",
     "WriteDeadLetters",
     "WriteResults",
     "chunk_schema",

@@ -1,10 +1,10 @@
 """Unbounded chunk sources for `linstream embed --streaming`: Pub/Sub (Dataflow) and Kafka.
 
-    chunks = read_stream_chunks(pipeline, args)                       # PCollection[Chunk]
-    chunks, dead = read_stream_chunks(pipeline, args, with_dead_letters=True)
+    chunks = read_stream_chunks(pipeline, config)                     # PCollection[Chunk]
+    chunks, dead = read_stream_chunks(pipeline, config, with_dead_letters=True)
 
-`args` is an argparse namespace (or a dict) holding the options that `add_streaming_args` adds:
-exactly one source, `--pubsub_subscription` or `--pubsub_topic` (Beam's `ReadFromPubSub`;
+`config` is a `StreamConfig` (reader_config.py; its fields are the options `add_streaming_args`
+adds): exactly one source, `--pubsub_subscription` or `--pubsub_topic` (Beam's `ReadFromPubSub`;
 Dataflow, or a runner with a Pub/Sub emulator) or `--kafka_bootstrap` with `--kafka_topic`
 (Beam's cross-language `ReadFromKafka`: the Java expansion service and a Java SDK harness must be
 reachable, e.g. Dataflow runner v2 or Flink with Docker).
@@ -45,6 +45,7 @@ dead-letters them with the same reasons as for file input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -58,6 +59,7 @@ from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, DeadLetter
 
 from . import table_to_chunks
+from .reader_config import StreamConfig
 
 __all__ = [
     "ARROW_FILE_CONTENT_TYPE",
@@ -65,6 +67,7 @@ __all__ = [
     "JSON_CONTENT_TYPE",
     "BadMessage",
     "DecodeStreamMessages",
+    "StreamConfig",
     "StreamSourceError",
     "add_streaming_args",
     "decode_message",
@@ -95,7 +98,8 @@ class StreamSourceError(ValueError):
 
 
 def add_streaming_args(parser: argparse.ArgumentParser) -> None:
-    """Add `--streaming` (unless the parser has it) and the Pub/Sub and Kafka source options.
+    """Add `--streaming` (unless the parser has it) and the Pub/Sub and Kafka source options:
+    one per field of `StreamConfig`, named as the field.
 
     Idempotent: a parser that already has the source options is left as it is.
     """
@@ -106,55 +110,17 @@ def add_streaming_args(parser: argparse.ArgumentParser) -> None:
             "--streaming", action="store_true", help="read chunks from Pub/Sub or Kafka"
         )
     g = parser.add_argument_group("streaming sources (with --streaming)")
-    g.add_argument(
-        "--pubsub_subscription",
-        default=None,
-        metavar="projects/P/subscriptions/S",
-        help="read chunk messages from this Pub/Sub subscription (preferred: no message loss "
-        "across job restarts)",
-    )
-    g.add_argument(
-        "--pubsub_topic",
-        default=None,
-        metavar="projects/P/topics/T",
-        help="read from a topic (the runner creates a temporary subscription)",
-    )
-    g.add_argument(
-        "--pubsub_timestamp_attribute",
-        default=None,
-        help="message attribute holding the event time (default: publish time)",
-    )
-    g.add_argument(
-        "--dead_letter_topic",
-        default=None,
-        metavar="projects/P/topics/T",
-        help="publish undecodable messages' dead letters (JSON) to this Pub/Sub topic",
-    )
-    g.add_argument(
-        "--kafka_bootstrap", default=None, metavar="HOST:PORT[,...]", help="Kafka brokers"
-    )
-    g.add_argument("--kafka_topic", default=None, help="Kafka topic(s), comma-separated")
-    g.add_argument(
-        "--kafka_group_id", default="linstream", help="Kafka consumer group (default linstream)"
-    )
-    g.add_argument(
-        "--kafka_expansion_service",
-        default=None,
-        metavar="HOST:PORT",
-        help="a running Kafka expansion service (default: Beam starts its Java jar)",
-    )
+    for f in dataclasses.fields(StreamConfig):
+        kw: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+        if f.metadata["metavar"]:
+            kw["metavar"] = f.metadata["metavar"]
+        g.add_argument(f"--{f.name}", **kw)
 
 
-def _get(args: Any, name: str, default: Any = None) -> Any:
-    if isinstance(args, Mapping):
-        return args.get(name, default)
-    return getattr(args, name, default)
-
-
-def source_kind(args: Any) -> str:
-    """``"pubsub"`` or ``"kafka"`` for the source the options name; StreamSourceError otherwise."""
-    sub, topic = _get(args, "pubsub_subscription"), _get(args, "pubsub_topic")
-    boot, ktopic = _get(args, "kafka_bootstrap"), _get(args, "kafka_topic")
+def source_kind(config: StreamConfig) -> str:
+    """``"pubsub"`` or ``"kafka"`` for the source ``config`` names; StreamSourceError otherwise."""
+    sub, topic = config.pubsub_subscription, config.pubsub_topic
+    boot, ktopic = config.kafka_bootstrap, config.kafka_topic
     pubsub = bool(sub or topic)
     kafka = bool(boot or ktopic)
     if pubsub and kafka:
@@ -472,29 +438,29 @@ class DecodeStreamMessages(beam.PTransform):
 # -- sources ----------------------------------------------------------------------------------
 
 
-def _read_pubsub(pipeline: Any, args: Any) -> Any:
+def _read_pubsub(pipeline: Any, config: StreamConfig) -> Any:
     return pipeline | "ReadPubSub" >> beam.io.ReadFromPubSub(
-        topic=_get(args, "pubsub_topic"),
-        subscription=_get(args, "pubsub_subscription"),
+        topic=config.pubsub_topic,
+        subscription=config.pubsub_subscription,
         with_attributes=True,
-        timestamp_attribute=_get(args, "pubsub_timestamp_attribute"),
+        timestamp_attribute=config.pubsub_timestamp_attribute,
     )
 
 
-def kafka_read_transform(args: Any) -> Any:
-    """The `ReadFromKafka` transform the options describe (built, not yet expanded)."""
+def kafka_read_transform(config: StreamConfig) -> Any:
+    """The `ReadFromKafka` transform ``config`` describes (built, not yet expanded)."""
     from apache_beam.io.kafka import ReadFromKafka
 
-    topics = [t.strip() for t in str(_get(args, "kafka_topic")).split(",") if t.strip()]
+    topics = [t.strip() for t in str(config.kafka_topic).split(",") if t.strip()]
     return ReadFromKafka(
         consumer_config={
-            "bootstrap.servers": str(_get(args, "kafka_bootstrap")),
-            "group.id": str(_get(args, "kafka_group_id", "linstream") or "linstream"),
+            "bootstrap.servers": str(config.kafka_bootstrap),
+            "group.id": str(config.kafka_group_id or "linstream"),
             "auto.offset.reset": "earliest",
         },
         topics=topics,
         commit_offset_in_finalize=True,
-        expansion_service=_get(args, "kafka_expansion_service"),
+        expansion_service=config.kafka_expansion_service,
     )
 
 
@@ -507,24 +473,26 @@ def _log_dead(d: DeadLetter) -> DeadLetter:
     return d
 
 
-def read_stream_chunks(pipeline: Any, args: Any, *, with_dead_letters: bool = False) -> Any:
-    """The unbounded `PCollection` of `Chunk`s that the options' source delivers.
+def read_stream_chunks(
+    pipeline: Any, config: StreamConfig, *, with_dead_letters: bool = False
+) -> Any:
+    """The unbounded `PCollection` of `Chunk`s that ``config``'s source delivers.
 
     With ``with_dead_letters=True`` returns ``(chunks, dead_letters)`` so the caller can merge
     the undecodable messages into the job's dead-letter output (what `linstream embed` should
     do).  Without it, dead letters are logged, counted (``stream_dead_letters``) and, with
     `--dead_letter_topic`, published there as JSON.
     """
-    kind = source_kind(args)
+    kind = source_kind(config)
     if kind == "pubsub":
-        raw = _read_pubsub(pipeline, args)
+        raw = _read_pubsub(pipeline, config)
     else:
-        raw = pipeline | "ReadKafka" >> kafka_read_transform(args)
+        raw = pipeline | "ReadKafka" >> kafka_read_transform(config)
     chunks, dead = raw | "DecodeMessages" >> DecodeStreamMessages(kind)
     if with_dead_letters:
         return chunks, dead
     logged = dead | "LogStreamDeadLetters" >> beam.Map(_log_dead)
-    topic = _get(args, "dead_letter_topic")
+    topic = config.dead_letter_topic
     if topic:
         _ = (
             logged

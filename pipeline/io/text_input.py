@@ -1,11 +1,11 @@
 """From files to chunks: text files, JSON Lines, Parquet text rows, token lists and chunk Parquet.
 
-`read_input(pipeline, args)` is the embed job's reader: it looks at `--input` where the pipeline
-is built (so a missing input or an unreadable tokenizer is a usage error, not a failed worker),
-reads each file on the workers, tokenizes, cuts every sequence into chunks of `--chunk-tokens`
-tokens (the last one `final=True`), and returns `(chunks, dead_letters)`.  A file or a row that
-cannot be read or tokenized becomes a dead letter naming the file (and line or row), and the job
-goes on.
+`read_input(pipeline, config)` is the embed job's reader (`config`: an `InputConfig`, the files
+and how to read them): it looks at `--input` where the pipeline is built (so a missing input or
+an unreadable tokenizer is a usage error, not a failed worker), reads each file on the workers,
+tokenizes, cuts every sequence into chunks of `--chunk-tokens` tokens (the last one
+`final=True`), and returns `(chunks, dead_letters)`.  A file or a row that cannot be read or
+tokenized becomes a dead letter naming the file (and line or row), and the job goes on.
 
 `ToChunks` is the same cutting as a PTransform for pipelines of your own: `(seq_id, text)` or
 `(seq_id, token ids)` elements, bounded or unbounded, each one whole sequence.
@@ -26,10 +26,20 @@ from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, DeadLetter
 from linstream.pipeline.errors import UsageError
 
+from .reader_config import InputConfig
 from .special_files import not_a_regular_file, special_file_message
 from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
 
-__all__ = ["DEAD_LETTERS", "ToChunks", "detect_format", "expand_input", "read_input"]
+__all__ = [
+    "DEAD_LETTERS",
+    "InputConfig",
+    "ToChunks",
+    "detect_format",
+    "expand_input",
+    "input_plan",
+    "input_token_total",
+    "read_input",
+]
 
 DEAD_LETTERS = "dead_letters"
 NAMESPACE = "linstream"
@@ -326,12 +336,6 @@ def _first_json_row(path: str) -> Any:
     return None
 
 
-def _get(args: Any, name: str, default: Any = None) -> Any:
-    if isinstance(args, dict):
-        return args.get(name, default)
-    return getattr(args, name, default)
-
-
 def _model_vocab(model: str) -> tuple[int | None, str]:
     """(vocab_size or None for a features model, input kind) of a model spec."""
     if model.startswith("builtin:"):
@@ -348,22 +352,21 @@ def _model_vocab(model: str) -> tuple[int | None, str]:
     return (cfg.vocab_size if cfg.input_kind == "tokens" else None), cfg.input_kind
 
 
-def input_plan(args: Any) -> tuple[str, list[tuple[str, str]], TextTokenizer | None]:
-    """(format, files, tokenizer) of the job's `--input`, checked against the model."""
-    spec = _get(args, "input")
+def input_plan(config: InputConfig) -> tuple[str, list[tuple[str, str]], TextTokenizer | None]:
+    """(format, files, tokenizer) of ``config.input``, checked against the model."""
+    spec = config.input
     if not spec:
         msg = "--input is required (a folder of text files, a file or a glob), or --streaming"
         raise UsageError(msg)
     files = expand_input(str(spec))
-    id_col = _get(args, "id_column", "id")
-    text_col = _get(args, "text_column", "text")
-    tokens_col = _get(args, "tokens_column", "tokens")
-    fmt = _get(args, "input_format", "auto") or "auto"
+    fmt = config.input_format or "auto"
     if fmt == "auto":
-        fmt = detect_format([p for _, p in files], id_col, text_col, tokens_col)
+        fmt = detect_format(
+            [p for _, p in files], config.id_column, config.text_column, config.tokens_column
+        )
     if fmt == "chunks":
         return fmt, files, None
-    model = str(_get(args, "model", "builtin:default"))
+    model = str(config.model)
     vocab, kind = _model_vocab(model)
     if vocab is None:
         msg = f"--input-format {fmt} gives token ids, but model {model} reads {kind} vectors"
@@ -371,42 +374,43 @@ def input_plan(args: Any) -> tuple[str, list[tuple[str, str]], TextTokenizer | N
     tokenizer = None
     if fmt != "tokens-jsonl":
         try:
-            tokenizer = resolve_tokenizer(_get(args, "tokenizer"), model)
+            tokenizer = resolve_tokenizer(config.tokenizer, model)
             tokenizer.check_fits(vocab, model)
         except TokenizerError as ex:
             raise UsageError(str(ex)) from ex
     return fmt, files, tokenizer
 
 
-def read_input(pipeline: Any, args: Any) -> tuple[Any, Any]:
+def read_input(pipeline: Any, config: InputConfig) -> tuple[Any, Any]:
     """Add the job's reader to `pipeline`: `(chunks, dead_letters)` PCollections.
 
-    `args` holds the `linstream embed` options (a namespace or a dict): input, input_format,
-    id_column, text_column, tokens_column, tokenizer, chunk_tokens, model.  Raises UsageError
-    for an input that matches nothing, an unreadable tokenizer or one that does not fit the model.
+    ``config`` says what to read (`InputConfig`: the `linstream embed` options input,
+    input_format, id_column, text_column, tokens_column, tokenizer, chunk_tokens, model).
+    Raises UsageError for an input that matches nothing, an unreadable tokenizer or one that
+    does not fit the model.
     """
-    fmt, files, tokenizer = input_plan(args)
+    fmt, files, tokenizer = input_plan(config)
     if fmt == "chunks":
         from . import ReadChunks
 
-        spec = str(_get(args, "input"))
+        spec = str(config.input)
         if any("://" not in item and os.path.isdir(item) for item in spec.split(",")):
             spec = ",".join(p for _, p in files if p.endswith(".parquet"))  # a folder's files
         chunks = pipeline | "ReadChunks" >> ReadChunks(spec)
         dead = pipeline | "NoReadDeadLetters" >> beam.Create([]).with_output_types(DeadLetter)
         return chunks, dead
-    column = _get(args, "tokens_column", "tokens") if fmt == "tokens-jsonl" else None
-    column = column or _get(args, "text_column", "text")
+    column = config.tokens_column if fmt == "tokens-jsonl" else None
+    column = column or config.text_column
     read = (
         pipeline
         | "InputFiles" >> beam.Create(files)
         | "SpreadFiles" >> beam.Reshuffle()
         | "ReadSequences"
-        >> beam.ParDo(_ReadSequences(fmt, _get(args, "id_column", "id"), column)).with_outputs(
+        >> beam.ParDo(_ReadSequences(fmt, config.id_column, column)).with_outputs(
             DEAD_LETTERS, main="sequences"
         )
     )
-    chunk_tokens = int(_get(args, "chunk_tokens", 2048))
+    chunk_tokens = int(config.chunk_tokens)
     chunks, cut_dead = (
         read.sequences | "ToChunks" >> ToChunks(tokenizer, chunk_tokens).with_exception_handling()
     )
@@ -416,11 +420,11 @@ def read_input(pipeline: Any, args: Any) -> tuple[Any, Any]:
     return chunks, dead
 
 
-def input_token_total(args: Any, max_files: int = 1000) -> int | None:
+def input_token_total(config: InputConfig, max_files: int = 1000) -> int | None:
     """Tokens the input holds, counted cheaply before the run (Parquet footers; file sizes for
     text read by `builtin:bytes`), or None when that would mean reading the data."""
     try:
-        fmt, files, tokenizer = input_plan(args)
+        fmt, files, tokenizer = input_plan(config)
     except UsageError:
         return None
     if len(files) > max_files:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from linstream.ops import load_model
 from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import table_to_chunks, write_chunk_file
 
@@ -83,7 +84,7 @@ def test_job_against_a_plain_loop_by_chunk_size(tmp_path):
                 checkpoint_dir=str(tmp_path / f"ckpt-{size}-{r}"),
             )
             c0 = time.process_time()
-            run = run_embed(args, [])
+            run = run_embed(EmbedConfig.from_args(args), [])
             job_cpu = time.process_time() - c0
             ratios.append(f"{t / run.wall_s:.0%} (CPU {loop_cpu / job_cpu:.0%})")
             if job is None or run.wall_s < job.wall_s:

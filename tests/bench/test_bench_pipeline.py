@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from linstream.ops import load_model
 from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import table_to_chunks, write_chunk_file
 
@@ -106,7 +107,7 @@ def test_job_overhead_against_a_plain_loop(chunk_size, tmp_path):
         loop_tokens, t = _loop(path, model, backend)
         loop_s = min(loop_s, t)
         args.output, args.checkpoint_dir = str(tmp_path / f"out{r}"), str(tmp_path / f"ckpt{r}")
-        run = run_embed(args, [])
+        run = run_embed(EmbedConfig.from_args(args), [])
         if job is None or run.wall_s < job.wall_s:
             job = run
     assert job is not None

@@ -11,6 +11,7 @@ import uuid
 import numpy as np
 import pytest
 from linstream.pipeline.app.job import run_embed
+from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 from linstream.state import CheckpointStore
@@ -45,13 +46,9 @@ def job_inputs(tmp_path_factory):
         write_chunk_file(str(d / f"{name}.parquet"), cs)
     out = str(d / "local-out")
     run_embed(
-        {
-            "input": str(d / "all.parquet"),
-            "output": out,
-            "model": model,
-            "backend": "numpy",
-            "progress_every": 0,
-        },
+        EmbedConfig(
+            input=str(d / "all.parquet"), output=out, model=model, backend="numpy", progress_every=0
+        ),
         ["--runner=FnApiRunner"],
     )
     reference = read_results(out)

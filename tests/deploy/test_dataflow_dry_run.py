@@ -197,7 +197,8 @@ def _dry_run_embed(env: dict[str, str]) -> tuple[list[str], Any]:
 
 
 def _assert_embed_stage(job: Any) -> Any:
-    """Check the stateful embed stage; return its DoFn as the workers will unpickle it."""
+    """Check the stateful embed stage; return it (the stage in its DoFn) as the workers will
+    unpickle it."""
     proto = job.proto_pipeline
     assert STATEFUL in proto.requirements, list(proto.requirements)
     stages = [(n, p) for n, p in _stateful_pardos(proto) if "OrderAndApply" in n]
@@ -206,10 +207,10 @@ def _assert_embed_stage(job: Any) -> Any:
     kinds = {spec.WhichOneof("spec") for spec in payload.state_specs.values()}
     assert {"read_modify_write_spec", "bag_spec"} <= kinds, kinds
     assert payload.timer_family_specs, "the idle timer is missing"
-    dofn = pickler.loads(payload.do_fn.payload)[0]
+    stage = pickler.loads(payload.do_fn.payload)[0].stage
     # The checkpoint store on GCS is part of the stage.
-    assert dofn.checkpoint_dir == f"{BUCKET}/linstream/checkpoints"
-    return dofn
+    assert stage.config.checkpoint_dir == f"{BUCKET}/linstream/checkpoints"
+    return stage
 
 
 def test_embed_batch_job_translates_for_cpu_workers(chunk_file: str) -> None:

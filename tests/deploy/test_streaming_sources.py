@@ -23,6 +23,7 @@ from linstream.pipeline.io.streaming import (
     ARROW_STREAM_CONTENT_TYPE,
     BadMessage,
     DecodeStreamMessages,
+    StreamConfig,
     StreamSourceError,
     add_streaming_args,
     decode_message,
@@ -148,10 +149,11 @@ def test_source_options() -> None:
     add_streaming_args(parser)
     add_streaming_args(parser)  # idempotent
     args = parser.parse_args(["--streaming", "--kafka_bootstrap=k:9092", "--kafka_topic=a,b"])
-    assert source_kind(args) == "kafka"
-    read = kafka_read_transform(args)  # built, not expanded: no Java needed
+    config = StreamConfig(**{n: v for n, v in vars(args).items() if n != "streaming"})
+    assert source_kind(config) == "kafka"
+    read = kafka_read_transform(config)  # built, not expanded: no Java needed
     assert read is not None
-    assert source_kind({"pubsub_subscription": "projects/p/subscriptions/s"}) == "pubsub"
+    assert source_kind(StreamConfig(pubsub_subscription="projects/p/subscriptions/s")) == "pubsub"
     for bad in (
         {},
         {"pubsub_topic": "t", "pubsub_subscription": "s"},
@@ -159,7 +161,7 @@ def test_source_options() -> None:
         {"pubsub_topic": "t", "kafka_topic": "k"},
     ):
         with pytest.raises(StreamSourceError):
-            source_kind(bad)
+            source_kind(StreamConfig(**bad))
 
 
 def test_kafka_read_expands_through_an_expansion_service() -> None:
@@ -174,7 +176,7 @@ def test_kafka_read_expands_through_an_expansion_service() -> None:
 
     args = {"kafka_bootstrap": "k:9092", "kafka_topic": "c", "kafka_expansion_service": service}
     p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", "--streaming"]))
-    read_stream_chunks(p, args, with_dead_letters=True)
+    read_stream_chunks(p, StreamConfig(**args), with_dead_letters=True)
     proto = p.to_runner_api()
     assert any("ReadKafka" in t.unique_name for t in proto.components.transforms.values())
 

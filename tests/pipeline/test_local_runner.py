@@ -4,7 +4,6 @@ outputs do not depend on it."""
 
 from __future__ import annotations
 
-import argparse
 import threading
 
 import numpy as np
@@ -14,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from linstream.pipeline.app.job import run_embed
 from linstream.pipeline.app.local_runner import state_cache_for
+from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_results, write_chunk_file
 
@@ -24,19 +24,13 @@ def _runner_mb():
 
 
 def _embed_args(tmp_path, tiny_model_path, name):
-    return argparse.Namespace(
+    return EmbedConfig(
         input=str(tmp_path / "in.parquet"),
         model=tiny_model_path,
-        resume=False,
         emit="mean",
         backend="numpy",
         checkpoint_every=2,
-        max_buffered_chunks=None,
-        idle_timeout=300.0,
-        state_dtype="float64",
-        num_shards=0,
         progress_every=0,
-        streaming=False,
         output=str(tmp_path / f"out-{name}"),
         checkpoint_dir=str(tmp_path / f"ckpt-{name}"),
     )

@@ -15,6 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
 from linstream.pipeline.app.job import build_embed_pipeline
+from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.elements import ChunkResult, DeadLetter
 from linstream.pipeline.io import WriteResults, publish, read_dead_letters, read_results
 from linstream.pipeline.io import streaming as streaming_sources
@@ -100,7 +101,7 @@ def test_windows_of_results_and_dead_letters_all_reach_disk(tmp_path, tiny_model
         "progress_every": 0,
     }
     p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"]))
-    build_embed_pipeline(p, args)
+    build_embed_pipeline(p, EmbedConfig.from_dict(args))
     p.run().wait_until_finish()
 
     results = read_results(out)

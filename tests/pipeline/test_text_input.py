@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 from linstream.pipeline import Chunk, ToChunks
 from linstream.pipeline.elements import ChunkCoder, DeadLetterCoder
 from linstream.pipeline.errors import UsageError
-from linstream.pipeline.io.text_input import expand_input, input_token_total, read_input
+from linstream.pipeline.io.text_input import (
+    InputConfig,
+    expand_input,
+    input_token_total,
+    read_input,
+)
 from linstream.pipeline.io.tokenizers import (
     TextTokenizer,
     TokenizerError,
@@ -131,7 +136,7 @@ def test_to_chunks_on_an_unbounded_stream(tmp_path):
 def test_read_input_text_folder_ids_are_relative_paths(tmp_path):
     root = write_texts(tmp_path / "docs", {"a.txt": "abcde", "sub/b.md": "é", "sub/.hidden": "x"})
     (root / "empty.txt").write_bytes(b"")
-    args = {"input": str(root), "chunk_tokens": 2, "model": "builtin:default"}
+    args = InputConfig(input=str(root), chunk_tokens=2, model="builtin:default")
     got, dead = _collect(tmp_path, lambda p: read_input(p, args))
     assert [(c.seq_id, c.index, c.data.tolist(), c.final) for c in got] == [
         ("a.txt", 0, [97, 98], False),
@@ -153,7 +158,7 @@ def test_read_input_jsonl_parquet_text_and_token_lists(tmp_path):
         + json.dumps({"doc": "r3", "body": 7})
         + "\n"
     )
-    args = {"input": str(jl), "id_column": "doc", "text_column": "body", "chunk_tokens": 2}
+    args = InputConfig(input=str(jl), id_column="doc", text_column="body", chunk_tokens=2)
     got, dead = _collect(tmp_path / "1", lambda p: read_input(p, args))
     assert [(c.seq_id, c.index, c.final) for c in got] == [("r1", 0, False), ("r1", 1, True)]
     assert [(d.seq_id, d.reason) for d in dead] == [
@@ -165,13 +170,13 @@ def test_read_input_jsonl_parquet_text_and_token_lists(tmp_path):
 
     pqt = tmp_path / "texts.parquet"
     pq.write_table(pa.table({"id": ["p1", "p2"], "text": ["xyz", None]}), pqt)
-    got, dead = _collect(tmp_path / "2", lambda p: read_input(p, {"input": str(pqt)}))
+    got, dead = _collect(tmp_path / "2", lambda p: read_input(p, InputConfig(input=str(pqt))))
     assert [(c.seq_id, c.data.tolist()) for c in got] == [("p1", [120, 121, 122])]
     assert [(d.seq_id, d.reason) for d in dead] == [(f"{pqt}#2", "bad_input_row")]
 
     tj = tmp_path / "ids.jsonl"
     tj.write_text(json.dumps({"id": "t", "tokens": [1, 2, 3]}) + "\n")
-    got, dead = _collect(tmp_path / "3", lambda p: read_input(p, {"input": str(tj)}))
+    got, dead = _collect(tmp_path / "3", lambda p: read_input(p, InputConfig(input=str(tj))))
     assert [(c.seq_id, c.data.tolist(), c.final) for c in got] == [("t", [1, 2, 3], True)]
 
 
@@ -180,7 +185,7 @@ def test_an_unreadable_file_is_a_dead_letter_and_the_rest_goes_on(tmp_path):
     pq.write_table(pa.table({"id": ["g"], "text": ["ok"]}), good)
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 not really")
-    args = {"input": f"{good},{bad}", "input_format": "parquet-text"}
+    args = InputConfig(input=f"{good},{bad}", input_format="parquet-text")
     got, dead = _collect(tmp_path, lambda p: read_input(p, args))
     assert [c.seq_id for c in got] == ["g"]
     assert [d.reason for d in dead] == ["unreadable_file"]
@@ -198,11 +203,12 @@ def test_input_mistakes_are_usage_errors(tmp_path):
     other = tmp_path / "other.parquet"
     pq.write_table(pa.table({"a": [1]}), other)
     with pytest.raises(UsageError, match=r"columns \['a'\]"):
-        read_input(beam.Pipeline(), {"input": str(other)})
+        read_input(beam.Pipeline(), InputConfig(input=str(other)))
     with pytest.raises(UsageError, match="vocabulary"):
         from tokenizers import Tokenizer, models
 
         big = Tokenizer(models.WordLevel({f"w{i}": i for i in range(5000)}, unk_token="w0"))
         big.save(str(tmp_path / "big.json"))
         txt = write_texts(tmp_path / "t", {"a.txt": "x"})
-        read_input(beam.Pipeline(), {"input": str(txt), "tokenizer": str(tmp_path / "big.json")})
+        spec = InputConfig(input=str(txt), tokenizer=str(tmp_path / "big.json"))
+        read_input(beam.Pipeline(), spec)
