@@ -85,3 +85,22 @@ def test_an_idle_sequence_is_committed_evicted_and_restored_when_it_returns(tmp_
     store = CheckpointStore(ckpt)
     positions = {s: sorted(c.position for c in store.commits(s)) for s in ("a", "b")}
     assert positions == {"a": [9, 15], "b": [3, 6]}, positions
+
+
+def test_chunks_dead_lettered_behind_a_gap_wait_for_their_resend(tmp_path):
+    """The gap's dead letters tell the user to resend: when the missing chunk comes, the chunks
+    reported behind it are not applied from the old buffer, only when they are sent again."""
+    rng = np.random.default_rng(SEED)
+    chunks, ref = _chunks(rng, "g", 4)
+    for store in (None, str(tmp_path / "ckpt")):
+        job = StageRun(CausalLinearAttention(backend="numpy", checkpoint_dir=store))
+        for i in (0, 2, 3):
+            job.send(chunks[i], at=1)
+        gap = job.advance_to(1000)
+        assert [(d.chunk_index, d.reason) for d in gap] == [(2, "gap"), (3, "gap")], store
+        assert [r.index for r in job.send(chunks[1], at=1001)] == [1], store
+        assert [r.index for r in job.send(chunks[2], at=1002)] == [2], store
+        assert [r.index for r in job.send(chunks[3], at=1003)] == [3], store
+        run = job.finish()
+        got = np.concatenate([r.output for r in run.results])
+        np.testing.assert_allclose(got, ref, atol=1e-12)
