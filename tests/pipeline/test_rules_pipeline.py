@@ -1,5 +1,7 @@
-"""`CausalLinearAttention(rule=...)`: every update rule through a Beam job (FnApiRunner), with
-shuffled and duplicated chunks, checkpoints, resumes and the exactly-once output files.
+"""`CausalLinearAttention(rule=...)`: every update rule through the stateful stage (driven as a
+runner drives it, without one: tests/helpers/stage_runs.py; the Beam adapter around it is
+checked in test_stage_wiring.py), with shuffled and duplicated chunks, checkpoints, resumes and
+the exactly-once output files.
 
 Each test prints its seed; the chunk splits, the shuffle and the duplicates are rebuilt from it.
 
@@ -12,8 +14,8 @@ import itertools
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
 from _rule_helpers import PER_TOKEN, reference
+from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.io import read_results
 
@@ -85,7 +87,7 @@ def test_shuffled_duplicated_chunks_match_the_reference_and_resume_exactly(name,
     def make(**kw):
         return CausalLinearAttention(rule=rule, checkpoint_every=2, **args, **kw)
 
-    one = run_transform(sent, make(), tmp_path)
+    one = run_stage(sent, make())
     assert one.dead == []
     assert one.counters.get("duplicates", 0) == n_dup
     for sid, data in seqs.items():
@@ -102,10 +104,8 @@ def test_shuffled_duplicated_chunks_match_the_reference_and_resume_exactly(name,
     part2 = [c for c in sent if c.index >= stop[c.seq_id]]
     resent = [c for cs in chunks.values() for c in cs if c.index < stop[c.seq_id]][:3]
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    r1 = run_transform(part1, make(checkpoint_dir=ckpt, output_dir=out), tmp_path)
-    r2 = run_transform(
-        part2 + resent, make(checkpoint_dir=ckpt, output_dir=out, resume=True), tmp_path
-    )
+    r1 = run_stage(part1, make(checkpoint_dir=ckpt, output_dir=out))
+    r2 = run_stage(part2 + resent, make(checkpoint_dir=ckpt, output_dir=out, resume=True))
     assert r1.dead == [] and r2.dead == []
     assert r2.counters.get("restores", 0) == sum(1 for v in stop.values() if v > 0)
     assert set(r1.by_key()).isdisjoint(r2.by_key())
@@ -130,7 +130,7 @@ def test_shuffled_duplicated_chunks_match_the_reference_and_resume_exactly(name,
 
 
 @pytest.mark.parametrize("rule", ["gated", "delta"])
-def test_a_chunk_longer_than_a_block_equals_block_sized_chunks(rule, tmp_path):
+def test_a_chunk_longer_than_a_block_equals_block_sized_chunks(rule):
     """The stage computes a long chunk in blocks of `block_tokens`, slicing log_alpha/beta with
     q/k/v: the same tokens sent as block-sized chunks give the same bits."""
     seed = 7 if rule == "gated" else 8
@@ -146,7 +146,7 @@ def test_a_chunk_longer_than_a_block_equals_block_sized_chunks(rule, tmp_path):
         Chunk("blocks", i, {n: a[lo:hi] for n, a in data.items()}, final=hi == t)
         for i, (lo, hi) in enumerate(itertools.pairwise(cuts))
     ]
-    run = run_transform(long + blocks, transform, tmp_path)
+    run = run_stage(long + blocks, transform)
     assert run.dead == []
     got_long, got_blocks = per_sequence(run.results, "long"), per_sequence(run.results, "blocks")
     assert got_long.tobytes() == got_blocks.tobytes()

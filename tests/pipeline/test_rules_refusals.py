@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
 from _rule_helpers import reference
+from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.stage.steps import BadInput, RawAttentionStep
 from linstream.state import CheckpointStore
@@ -188,7 +188,7 @@ def test_integer_betas_are_accepted():
 
 
 @pytest.mark.parametrize("rule", ["gated", "delta"])
-def test_bad_chunks_go_to_the_dead_letters_and_the_sequence_goes_on(rule, tmp_path):
+def test_bad_chunks_go_to_the_dead_letters_and_the_sequence_goes_on(rule):
     """Each bad variant of chunk 1 is dead-lettered with the sequence and chunk named; the good
     chunk 1 sent as well is applied, so every sequence ends as the reference of its good chunks
     (the bad ones changed no state), and a sequence of good chunks only is untouched."""
@@ -213,7 +213,7 @@ def test_bad_chunks_go_to_the_dead_letters_and_the_sequence_goes_on(rule, tmp_pa
     name = "log_alpha" if rule == "gated" else "beta"
     chunks += [Chunk("resent", 0, first), Chunk("resent", 0, {**first, name: first[name] / 2})]
     chunks = [chunks[int(i)] for i in rng.permutation(len(chunks))]
-    run = run_transform(chunks, CausalLinearAttention(rule=rule), tmp_path)
+    run = run_stage(chunks, CausalLinearAttention(rule=rule))
     conflicts = [d for d in run.dead if d.seq_id == "resent"]
     assert [(d.chunk_index, d.reason) for d in conflicts] == [(0, "conflicting_duplicate")]
     assert [r.seq_id for r in run.results].count("resent") == 1
@@ -258,7 +258,7 @@ def test_a_resume_under_another_rule_is_refused_naming_both(case, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     first = [Chunk("old", 0, _payload(rule1, seed=1))]
     t1 = CausalLinearAttention(rule=rule1, checkpoint_dir=ckpt, **args1)
-    r1 = run_transform(first, t1, tmp_path)
+    r1 = run_stage(first, t1)
     assert r1.dead == [] and len(r1.results) == 1
     store = CheckpointStore(ckpt)
     committed = store.restore("old", fingerprint=RawAttentionStep(rule=rule1, **args1).fingerprint)
@@ -266,7 +266,7 @@ def test_a_resume_under_another_rule_is_refused_naming_both(case, tmp_path):
     second = [Chunk("old", 1, _payload(rule2, seed=2)), Chunk("old", 2, _payload(rule2, seed=3))]
     fresh = [Chunk("new", 0, _payload(rule2, seed=4), final=True)]
     t2 = CausalLinearAttention(rule=rule2, checkpoint_dir=ckpt, resume=True, **args2)
-    r2 = run_transform(second + fresh, t2, tmp_path)
+    r2 = run_stage(second + fresh, t2)
     assert sorted((d.seq_id, d.chunk_index, d.reason) for d in r2.dead) == [
         ("old", 1, "restore_failed"),
         ("old", 2, "restore_failed"),
