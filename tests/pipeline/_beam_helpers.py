@@ -9,12 +9,8 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-from linstream.pipeline.elements import (
-    ChunkResult,
-    ChunkResultCoder,
-    DeadLetter,
-    DeadLetterCoder,
-)
+from helpers.stage_runs import Run
+from linstream.pipeline.elements import ChunkResultCoder, DeadLetterCoder
 
 
 class _Dump(beam.DoFn):
@@ -38,18 +34,6 @@ def load_dumped(directory: str, coder: Any) -> list[Any]:
         with open(os.path.join(directory, name), "rb") as f:
             out.append(coder.decode(f.read()))
     return out
-
-
-class Run:
-    """Outputs and metrics of one pipeline run."""
-
-    def __init__(self, results: list[ChunkResult], dead: list[DeadLetter], counters: dict) -> None:
-        self.results = sorted(results, key=lambda r: (r.seq_id, r.index))
-        self.dead = sorted(dead, key=lambda d: (d.seq_id, str(d.chunk_index), d.reason))
-        self.counters = counters
-
-    def by_key(self) -> dict[tuple[str, int], ChunkResult]:
-        return {(r.seq_id, r.index): r for r in self.results}
 
 
 def run_transform(
