@@ -28,7 +28,7 @@ class Run:
 
     def __init__(self, results: list[ChunkResult], dead: list[DeadLetter], counters: dict) -> None:
         self.results = sorted(results, key=lambda r: (r.seq_id, r.index))
-        self.dead = sorted(dead, key=lambda d: (d.seq_id, str(d.chunk_index), d.reason))
+        self.dead = sorted(dead, key=lambda d: (d.seq_id, str(d.chunk_index), d.reason, d.message))
         self.counters = counters
 
     def by_key(self) -> dict[tuple[str, int], ChunkResult]:

@@ -4,7 +4,8 @@ exercises every path of the stage — shuffled and resent chunks, buffered runs,
 their output spans, refusals of every kind (odd chunk indices through Beam's coder included) and
 a gap still open when the input ends (the idle timer).  What the stage decides is tested on the
 stage itself (tests/pipeline/stage/); this checks the DoFn's state specs, timer, outputs, coders
-and metrics around it."""
+and metrics around it.  (FnApiRunner with one worker hands a key its elements in input order, as
+the driver does; the other runner tests rely on that too.)"""
 
 from __future__ import annotations
 
