@@ -15,6 +15,8 @@ through `StateCells` (cells.py: one packed cell and two bags) and sets the idle 
 `IdleTimer`; Beam's state and timer objects satisfy both, so `SequenceDoFn` (dofn.py) is a thin
 adapter, and tests drive this class with in-memory cells, without a runner.  Counters come from
 an injected `MetricSource` (Beam's metrics by default).
+
+(About 400 lines: every decision about a chunk is in this one class, in the order it is made.)
 """
 
 from __future__ import annotations
