@@ -210,6 +210,15 @@ def _tokenizer(folder: Path, source: str) -> tuple[str | None, str | None]:
 
 
 def _peak_rss() -> int:
+    """The process's memory high-water mark in bytes: VmHWM where /proc has it (ru_maxrss
+    survives exec on Linux, so a child of a big process would report its parent's)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r if sys.platform == "darwin" else r * 1024)
 

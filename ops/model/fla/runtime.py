@@ -47,8 +47,9 @@ class Block:
     down: np.ndarray
 
     def arrays(self) -> list[np.ndarray]:
+        """Every array the block holds (its mixer's included)."""
         own = [self.attn_norm, self.mlp_norm, self.gate_up.weight, self.down]
-        return own + [a for a in vars(self.mixer).values() if isinstance(a, np.ndarray)]
+        return own + _arrays_in(vars(self.mixer))
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,19 @@ class FlaModel:
             if keep in (None, n):
                 out.append(rms_norm(x, self._final, eps))
         return out, new
+
+
+def _arrays_in(attrs: dict[str, Any]) -> list[np.ndarray]:
+    """The arrays among a mixer's attributes, and those of its projections, convs and dicts."""
+    out: list[np.ndarray] = []
+    for v in attrs.values():
+        if isinstance(v, np.ndarray):
+            out.append(v)
+        elif isinstance(v, dict):
+            out.extend(_arrays_in(v))
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            out.extend(_arrays_in(vars(v)))
+    return out
 
 
 def _as_state_dtype(st: LayerState, dtype: np.dtype) -> LayerState:
