@@ -13,6 +13,7 @@ families        what the family modules share (fused projections, head layouts, 
 gla, retnet, delta_net, gated_deltanet, hgrn2
                 one module per model_type: its config keys, tensors and token mixer
 pieces          the layer pieces in NumPy (norms, SwiGLU, short conv, l2 norm, rotary, ...)
+fused           Numba passes for the elementwise steps that cost (SwiGLU, SiLU)
 """
 
 from .config import FAMILIES, FlaConfig, ModelFolderError

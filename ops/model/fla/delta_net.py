@@ -71,11 +71,11 @@ def parse(r: ConfigReader, c: CommonConfig) -> DeltaNetSpec:
         "says, so the checkpoint cannot run as trained",
     )
     key_dim, value_dim = c.hidden_size * ek, c.hidden_size * ev
-    for name, dim in (("expand_k", key_dim), ("expand_v", value_dim)):
+    for name, ratio, dim in (("expand_k", ek, key_dim), ("expand_v", ev, value_dim)):
         if dim != round(dim) or round(dim) % h:
             r.refuse(
                 name,
-                r.raw.get(name),
+                ratio,
                 f"hidden_size · {name} = {dim} must be an integer divisible by num_heads ({h})",
             )
     return DeltaNetSpec(
