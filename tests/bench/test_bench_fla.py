@@ -13,8 +13,9 @@ under no_grad with torch at 2 threads, two consecutive chunks carrying its cache
 in the process ("cold") and the next ("warm"; its recurrence is a Python loop over the tokens,
 which has run up to ten times slower on a first call here).  The PyTorch loop: the same layers
 in plain torch (projections and MLP over the chunk, the recurrence one token at a time), one
-chunk after a 64-token warm-up; its outputs are checked against linstream's before it is timed.  Memory per live sequence is the carried state
-(`FlaModel.state_nbytes()`, float64), whatever the sequence's length.  The target is
+chunk after a 64-token warm-up; its outputs are checked against linstream's before it is
+timed.  Memory per live sequence is the carried state (`FlaModel.state_nbytes()`, float64),
+whatever the sequence's length.  The target is
 linstream ≥ 5× fla's CPU path; the test prints the ratio against it and asserts only that
 linstream is the faster (see docs/benchmarks.md for why 5× is out of reach at this size).
 """
