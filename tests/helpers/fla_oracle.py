@@ -18,6 +18,9 @@ fla's own source (`_f64_clone`), so a float64 run is fla's math in float64 throu
 runs use fla's code unchanged.  Nothing of fla's is copied into this repository.
 
 No test downloads anything: models are built from configs, randomized, and saved locally.
+
+(Longer than this project's modules usually are: it is one patch set, about thirty short
+stand-ins that must be installed together, plus the tiny configs and the runner that use it.)
 """
 
 from __future__ import annotations
