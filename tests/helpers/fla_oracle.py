@@ -609,6 +609,28 @@ def tiny_configs() -> dict[str, Any]:
             expand_ratio=16, use_short_conv=True, conv_size=4, use_lower_bound=True, **common
         ),
         "hgrn2_noconv": HGRN2Config(num_heads=2, expand_ratio=None, use_short_conv=False, **common),
+        # the remaining switches: no output gates, no norm weights, other q/k maps and norms
+        "gla_nogate": GLAConfig(
+            num_heads=2,
+            use_output_gate=False,
+            elementwise_affine=False,
+            feature_map="sigmoid",
+            **common,
+        ),
+        "retnet_plain": RetNetConfig(
+            num_heads=2, use_output_gate=False, fuse_norm=False, feature_map="silu", **common
+        ),
+        "delta_net_plain": DeltaNetConfig(
+            num_heads=2,
+            use_short_conv=False,
+            qk_activation="relu",
+            qk_norm="sum",
+            use_beta=False,
+            **common,
+        ),
+        "gated_deltanet_plain": GatedDeltaNetConfig(
+            head_dim=16, num_heads=2, expand_v=1.0, use_gate=False, use_short_conv=False, **common
+        ),
     }
 
 
