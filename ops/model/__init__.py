@@ -12,4 +12,6 @@ device        the runtime on a CuPy device
 twin          TorchEmbeddingModel, the same function in PyTorch (training, a reference);
               twin_rules holds the update rules in PyTorch.  Needs torch; nothing else here
               imports them.
+fla           pretrained checkpoints in flash-linear-attention's format (GLA, RetNet, DeltaNet,
+              Gated DeltaNet, HGRN2): their config, folder loader and streaming runtime
 """

@@ -1,0 +1,313 @@
+"""Load a Hugging Face checkpoint folder in fla's format into the streaming runtime.
+
+    model = load_model("path/to/folder")          # FlaModel, or ModelFolderError in one line
+
+A folder holds config.json (its model_type names the family), the weights as one
+model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
+tokenizer.json (a folder with only SentencePiece's tokenizer.model loads, and says what to add
+when its tokenizer is asked for).  Weights are read from safetensors only (PyTorch's pickle
+files are refused, never opened), one tensor at a time, upcast once (bfloat16 -> float32, or
+float64 with compute_dtype=np.float64); each layer's projections are fused as the layer is read,
+so the load holds the runtime's weights plus one layer's tensors at most.  The output head
+(lm_head) is not read: the runtime gives hidden states.  Names and shapes are checked against
+the config before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
+from .families import FusedProjection, family_module
+from .runtime import Block, FlaModel, LoadReport
+from .tensor_files import TensorEntry, TensorFileError, read_header, read_tensor
+
+__all__ = ["expected_tensors", "load_model"]
+
+_log = logging.getLogger(__name__)
+_FINGERPRINT_TAG = b"linstream-fla-fingerprint-v1"
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+_PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+
+
+def load_model(
+    path: str | os.PathLike[str], *, compute_dtype: npt.DTypeLike = np.float32
+) -> FlaModel:
+    """The runtime of the checkpoint folder at `path` (see the module docstring)."""
+    t0 = time.perf_counter()
+    folder = Path(path)
+    source = os.fspath(path)
+    dt = np.dtype(compute_dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        msg = f"compute_dtype must be float32 or float64, got {dt}"
+        raise TypeError(msg)
+    if not folder.is_dir():
+        msg = (
+            f"{source}: not a folder (expected a Hugging Face checkpoint folder with "
+            "config.json and model.safetensors)"
+        )
+        raise ModelFolderError(msg)
+    config = parse_config(_read_json(folder / "config.json", source), source=source)
+    entries = _entries(folder, source)
+    prefix = "model." if any(n.startswith("model.") for n in entries) else ""
+    want = expected_tensors(config, prefix)
+    _check_entries(entries, want, prefix, source)
+    tokenizer, problem = _tokenizer(folder, source)
+    model, report = _build(config, entries, want, prefix, dt, source)
+    model.tokenizer_path, model._tokenizer_problem = tokenizer, problem
+    report = LoadReport(**{**vars(report), "seconds": time.perf_counter() - t0})
+    model.load_report = report
+    _log.info("%s", report)
+    return model
+
+
+def expected_tensors(config: FlaConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+    """Every tensor name the runtime reads for this config, with its shape."""
+    c = config.common
+    fam = family_module(c.family)
+    out: dict[str, tuple[int, ...]] = {
+        f"{prefix}embeddings.weight": (c.vocab_size, c.hidden_size),
+        f"{prefix}norm.weight": (c.hidden_size,),
+    }
+    for name, shape in fam.model_tensors(config.layer, c).items():
+        out[f"{prefix}{name}"] = shape
+    attn = fam.attn_tensors(config.layer, c)
+    for i in range(c.num_layers):
+        p = f"{prefix}layers.{i}."
+        out[f"{p}attn_norm.weight"] = (c.hidden_size,)
+        out[f"{p}mlp_norm.weight"] = (c.hidden_size,)
+        out[f"{p}mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        out[f"{p}mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        out[f"{p}mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+        for name, shape in attn.items():
+            out[f"{p}attn.{name}"] = shape
+    return out
+
+
+def _read_json(path: Path, source: str) -> Any:
+    if not path.is_file():
+        msg = (
+            f"{source}: no {path.name} (expected a Hugging Face checkpoint folder in fla's format)"
+        )
+        raise ModelFolderError(msg)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+        msg = f"{source}: {path.name} is not valid JSON ({ex})"
+        raise ModelFolderError(msg) from ex
+
+
+def _entries(folder: Path, source: str) -> dict[str, TensorEntry]:
+    """Every tensor entry of the folder's safetensors file(s), by name."""
+    if (folder / _INDEX).is_file():
+        index = _read_json(folder / _INDEX, source)
+        wmap = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            msg = f"{source}: {_INDEX} has no weight_map of tensor names to file names"
+            raise ModelFolderError(msg)
+        files = sorted(set(wmap.values()))
+        for f in files:
+            if Path(f).name != f or not f.endswith(".safetensors"):
+                msg = f"{source}: {_INDEX} names {f!r}; expected a .safetensors file in the folder"
+                raise ModelFolderError(msg)
+    elif (folder / _SINGLE).is_file():
+        wmap, files = None, [_SINGLE]
+    else:
+        pickles = [p for p in _PICKLES if (folder / p).exists()]
+        if pickles:
+            msg = (
+                f"{source}: only PyTorch pickle weights ({pickles[0]}); linstream reads "
+                "safetensors only and never unpickles: save the model with transformers' "
+                "save_pretrained (safetensors is its default) and load that folder"
+            )
+        else:
+            msg = f"{source}: no {_SINGLE} and no {_INDEX} (the weights, in safetensors)"
+        raise ModelFolderError(msg)
+    out: dict[str, TensorEntry] = {}
+    for f in files:
+        path = folder / f
+        if not path.is_file():
+            msg = f"{source}: {f} is listed in {_INDEX} but missing"
+            raise ModelFolderError(msg)
+        try:
+            header = read_header(path)
+        except TensorFileError as ex:
+            raise ModelFolderError(str(ex)) from ex
+        for name, e in header.items():
+            if name in out:
+                msg = f"{source}: tensor {name!r} is in both {out[name].path.name} and {f}"
+                raise ModelFolderError(msg)
+            if wmap is not None and wmap.get(name) != f:
+                msg = f"{source}: tensor {name!r} is in {f}, but {_INDEX} says {wmap.get(name)!r}"
+                raise ModelFolderError(msg)
+            out[name] = e
+    if wmap is not None:
+        lost = sorted(n for n in wmap if n not in out)
+        if lost:
+            msg = f"{source}: {_INDEX} lists tensor {lost[0]!r} in {wmap[lost[0]]}, which lacks it"
+            raise ModelFolderError(msg)
+    return out
+
+
+def _check_entries(
+    entries: Mapping[str, TensorEntry],
+    want: Mapping[str, tuple[int, ...]],
+    prefix: str,
+    source: str,
+) -> None:
+    missing = [n for n in want if n not in entries]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        msg = (
+            f"{source}: missing tensor {missing[0]!r}{more}; a model with this config.json "
+            f"needs {len(want)}"
+        )
+        raise ModelFolderError(msg)
+    head = {"lm_head.weight"} if prefix else set()
+    extra = sorted(n for n in entries if n not in want and n not in head)
+    if extra:
+        msg = (
+            f"{source}: unexpected tensor {extra[0]!r} (a model with this config.json has no "
+            "such tensor)"
+        )
+        raise ModelFolderError(msg)
+    for name, shape in want.items():
+        got = entries[name].shape
+        if got != shape:
+            msg = (
+                f"{source}: tensor {name!r} has shape {list(got)}, expected {list(shape)} for "
+                "this config.json"
+            )
+            raise ModelFolderError(msg)
+
+
+def _tokenizer(folder: Path, source: str) -> tuple[str | None, str | None]:
+    """(tokenizer.json's path, None), or (None, what to add)."""
+    if (folder / "tokenizer.json").is_file():
+        return os.fspath(folder / "tokenizer.json"), None
+    if (folder / "tokenizer.model").is_file():
+        return None, (
+            f"{source}: only a SentencePiece tokenizer.model, and linstream reads tokenizer.json: "
+            'write one next to it with `python -c "from transformers import AutoTokenizer; '
+            f"AutoTokenizer.from_pretrained('{source}').save_pretrained('{source}')\"` (needs "
+            "transformers and sentencepiece), or download the model's tokenizer.json"
+        )
+    return None, f"{source}: no tokenizer.json in the folder"
+
+
+def _peak_rss() -> int:
+    """The process's memory high-water mark in bytes: VmHWM where /proc has it (ru_maxrss
+    survives exec on Linux, so a child of a big process would report its parent's)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+def _build(
+    config: FlaConfig,
+    entries: Mapping[str, TensorEntry],
+    want: Mapping[str, tuple[int, ...]],
+    prefix: str,
+    dt: np.dtype,
+    source: str,
+) -> tuple[FlaModel, LoadReport]:
+    c: CommonConfig = config.common
+    fam = family_module(c.family)
+    digests: dict[str, str] = {}
+    transient = 0
+    with ExitStack() as stack:
+        files: dict[Path, BinaryIO] = {}
+
+        def read(name: str) -> np.ndarray:
+            e = entries[name]
+            if e.path not in files:
+                files[e.path] = stack.enter_context(open(e.path, "rb"))
+            try:
+                return read_tensor(files[e.path], e, dt, digests)
+            except TensorFileError as ex:
+                raise ModelFolderError(str(ex)) from ex
+
+        embed = read(f"{prefix}embeddings.weight")
+        final = read(f"{prefix}norm.weight")
+        extra = {n: read(f"{prefix}{n}") for n in fam.model_tensors(config.layer, c)}
+        blocks = []
+        max_raw = max(e.nbytes for n, e in entries.items() if n in want)
+        for i in range(c.num_layers):
+            p = f"{prefix}layers.{i}."
+            names = [n for n in want if n.startswith(p)]
+            raw = {n.removeprefix(p): read(n) for n in names}
+            transient = max(transient, sum(a.nbytes for a in raw.values()) + max_raw)
+            attn = {n.removeprefix("attn."): a for n, a in raw.items() if n.startswith("attn.")}
+            blocks.append(
+                Block(
+                    attn_norm=raw["attn_norm.weight"],
+                    mixer=fam.build(config.layer, c, attn, dt, i, extra),
+                    mlp_norm=raw["mlp_norm.weight"],
+                    gate_up=FusedProjection(
+                        [("gate", raw["mlp.gate_proj.weight"]), ("up", raw["mlp.up_proj.weight"])],
+                        dt,
+                    ),
+                    down=raw["mlp.down_proj.weight"],
+                )
+            )
+            del raw, attn
+    model = FlaModel(
+        config,
+        embed,
+        blocks,
+        final,
+        fingerprint=_fingerprint(config, entries, want, digests),
+        source=source,
+    )
+    used = [entries[n] for n in want]
+    report = LoadReport(
+        source=source,
+        family=c.family,
+        parameters=sum(e.size for e in used),
+        files=len({e.path for e in used}),
+        disk_bytes=sum(e.nbytes for e in used),
+        disk_dtypes=tuple(sorted({e.dtype for e in used})),
+        held_bytes=model.held_bytes(),
+        compute_dtype=str(dt),
+        transient_bytes=transient,
+        peak_rss_bytes=_peak_rss(),
+        seconds=0.0,
+    )
+    return model, report
+
+
+def _fingerprint(
+    config: FlaConfig,
+    entries: Mapping[str, TensorEntry],
+    want: Mapping[str, tuple[int, ...]],
+    digests: Mapping[str, str],
+) -> str:
+    """sha256 over the architecture (config.describe(), canonical JSON) and each used tensor's
+    name, stored dtype, shape and bytes (names without the folder's prefix, in sorted order)."""
+    h = hashlib.sha256(_FINGERPRINT_TAG)
+    h.update(json.dumps(config.describe(), sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(want, key=lambda n: n.removeprefix("model.")):
+        e = entries[name]
+        line = f"\n{name.removeprefix('model.')}:{e.dtype}:{list(e.shape)}:{digests[name]}"
+        h.update(line.encode())
+    return h.hexdigest()

@@ -1,0 +1,181 @@
+"""The layer pieces of fla's models, in NumPy, for one chunk of T tokens in the compute dtype.
+
+    rms_norm(x, w, eps)                 x / sqrt(mean(x²) + eps) · w        (w None: no weight)
+    head_norm(o, w, eps, gate, act)     the same per head over d_v, times act(gate) if given
+    swiglu(gate, up)                    silu(gate) · up
+    short_conv(x, tail, w, silu)        depthwise causal conv of width W over the chunk, its first
+                                        outputs reading the last W−1 raw inputs of the previous
+                                        chunk (`tail`); returns (y, the new tail)
+    l2_norm(x)                          x / sqrt(Σx² + 1e-6) over the last axis (fla's kernels'
+                                        formula: the eps is inside the root)
+    sum_norm(x)                         x / max(Σ|x|, 1e-6)  (torch's F.normalize with p=1)
+    rotary(x, cos, sin)                 rotary position embedding, halves not interleaved
+    rotary_tables(dim, start, t, dt)    cos, sin [t, dim/2] for positions start..start+t−1
+    silu, sigmoid, logsigmoid, softplus, elu_plus_one
+
+Every function returns a new array (the inputs are never written).  sigmoid uses the tanh form,
+logsigmoid the split min(x, 0) − log1p(e^−|x|), so nothing overflows for any finite input; silu
+and swiglu, on the large arrays, are fused Numba passes (`fused`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import fused
+
+__all__ = [
+    "ACTIVATIONS",
+    "elu_plus_one",
+    "head_norm",
+    "l2_norm",
+    "logsigmoid",
+    "rms_norm",
+    "rotary",
+    "rotary_tables",
+    "short_conv",
+    "sigmoid",
+    "silu",
+    "softplus",
+    "sum_norm",
+    "swiglu",
+]
+
+_L2_EPS = 1e-6  # fla.modules.l2norm's default, inside the square root
+_SUM_EPS = 1e-6  # fla.layers.delta_net.sum_norm: F.normalize(x, p=1, eps=1e-6)
+_SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: x itself above it
+ROTARY_BASE = 10000.0  # fla.modules.rotary.RotaryEmbedding's default (RetNet passes no other)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^−x) as (1 + tanh(x/2)) / 2."""
+    s = np.tanh(x * 0.5)
+    s += 1.0
+    s *= 0.5
+    return s
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x · sigmoid(x) (fla's swish), one fused pass (`fused.silu`)."""
+    return fused.silu(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+def logsigmoid(x: np.ndarray) -> np.ndarray:
+    """log(sigmoid(x)) = min(x, 0) − log1p(e^−|x|), always ≤ 0."""
+    return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), and x itself above 20, as torch's F.softplus (beta 1, threshold 20)."""
+    with np.errstate(over="ignore"):
+        return np.where(x > _SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, 30.0))))
+
+
+def elu_plus_one(x: np.ndarray) -> np.ndarray:
+    """elu(x) + 1: x + 1 above 0, e^x below."""
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0)
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    return x.copy()
+
+
+#: The activations a config may name (feature maps, q/k activations, output gates).
+ACTIVATIONS = {
+    "silu": silu,
+    "swish": silu,
+    "sigmoid": sigmoid,
+    "relu": relu,
+    "elu": elu_plus_one,  # DeltaNet's qk_activation 'elu' is elu + 1 (fla's elu_p1)
+    "identity": identity,
+}
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) · w over the last axis."""
+    ms = np.einsum("...d,...d->...", x, x) / x.shape[-1]
+    y = x * (1.0 / np.sqrt(ms + eps))[..., None].astype(x.dtype, copy=False)
+    if w is not None:
+        y *= w
+    return y
+
+
+def head_norm(
+    o: np.ndarray,
+    w: np.ndarray | None,
+    eps: float,
+    gate: np.ndarray | None = None,
+    act: str = "swish",
+) -> np.ndarray:
+    """rms_norm over each head's d_v of o [T, H, d_v], times ACTIVATIONS[act](gate) [T, H, d_v]
+    when a gate is given (fla's FusedRMSNormGated; RMSNorm without one)."""
+    y = rms_norm(o, w, eps)
+    if gate is not None:
+        y *= ACTIVATIONS[act](gate)
+    return y
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) · up for [T, D] arrays (fla's GatedMLP with hidden_act 'swish'), one fused
+    pass (`fused.swiglu`)."""
+    return fused.swiglu(gate, up)
+
+
+def short_conv(
+    x: np.ndarray, tail: np.ndarray, w: np.ndarray, silu_after: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Depthwise causal convolution of width W over a chunk x [T, D].
+
+    tail [W−1, D]: the raw inputs of the W−1 tokens before the chunk (zeros at a sequence's
+    start), oldest first; w [D, W], the newest input meeting w[:, W−1]:
+
+        y_t[d] = Σ_j w[d, j] · x_{t−W+1+j}[d]          (then SiLU if silu_after)
+
+    Returns (y [T, D] in x's dtype, the new tail [W−1, D] in tail's dtype: the last W−1 raw
+    inputs, the chunk's own or, for a chunk shorter than W−1, partly the old tail's)."""
+    t = x.shape[0]
+    width = w.shape[1]
+    xt = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=0)  # [W−1+T, D]
+    y = xt[0:t] * w[:, 0]
+    for j in range(1, width):
+        y += xt[j : j + t] * w[:, j]
+    new_tail = np.array(xt[t:], dtype=tail.dtype)
+    return (silu(y) if silu_after else y), new_tail
+
+
+def l2_norm(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(Σx² + 1e-6) over the last axis."""
+    ss = np.einsum("...d,...d->...", x, x)
+    return x * (1.0 / np.sqrt(ss + _L2_EPS))[..., None].astype(x.dtype, copy=False)
+
+
+def sum_norm(x: np.ndarray) -> np.ndarray:
+    """x / max(Σ|x|, 1e-6) over the last axis."""
+    n = np.maximum(np.abs(x).sum(axis=-1, keepdims=True), _SUM_EPS)
+    return x / n.astype(x.dtype, copy=False)
+
+
+def rotary_tables(dim: int, start: int, t: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [t, dim/2] of the angles p · base^(−2i/dim) for p = start .. start + t − 1.
+
+    The angles are formed in float64 from the integer positions, so a position far into an
+    unbounded stream is as exact as the first (fla forms them in float32, whose positions stop
+    being integers past 2^24 tokens); the tables are then rounded to the compute dtype."""
+    inv_freq = 1.0 / (ROTARY_BASE ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    pos = np.arange(start, start + t, dtype=np.float64)
+    ang = pos[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [T, H, dim] rotated: [x1·cos − x2·sin, x2·cos + x1·sin] with x1, x2 its two halves."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
