@@ -277,9 +277,11 @@ def numba_cache_is_cold() -> bool:
     return not holds_this_cpu()
 
 
+# the figure: `linstream embed` and `linstream warmup` on an empty cache, 2 loaded vCPUs
+# (docs/benchmarks.md): 5-20 s of compiling for builtin:default, more at long chunks
 _COMPILING = (
-    "compiling the Numba kernels for this machine (about 15-60 s; later runs load them from "
-    "the cache; `linstream warmup --model M` compiles them ahead)"
+    "compiling the Numba kernels for this machine (about 10-30 s, once: later runs load them "
+    "from the cache; `linstream warmup --model M` compiles them ahead)"
 )
 
 
