@@ -6,8 +6,8 @@ Each run starts a new interpreter that does what a worker's embed stage does bef
 output: import linstream (and Beam), build the step, `setup()` (load the model, compile or load
 the Numba kernels), validate and apply one 64-token chunk.  The figure is the wall time from
 spawning the interpreter to the chunk's embeddings, so it includes Python's own start-up.
-Run it with an empty ``NUMBA_CACHE_DIR`` for a cold worker, and after
-``python -m linstream.ops.warmup`` (what the worker images run at build time) for a warm one.
+Run it with an empty ``NUMBA_CACHE_DIR`` for a cold worker, and after ``linstream warmup``
+(``python -m linstream.ops.warmup``, what the worker images run at build time) for a warm one.
 """
 
 from __future__ import annotations

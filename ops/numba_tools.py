@@ -4,6 +4,7 @@ parallel choice, and a float32 exp that LLVM vectorizes.
     FASTMATH                 fast-math flags that keep NaN and Inf (no nnan/ninf)
     njit_variant(parallel)   numba.njit(cache=True) for one of a kernel's two versions, named apart
     worth_threads(work)      whether a call has enough work to run a kernel's parallel version
+    only_version(parallel)   a context in which every kernel runs that version (the warm-up)
     exp(x)                   in jitted code: the vectorizable polynomial for float32, libm for
                              float64 (`math.exp` compiles to a scalar libm call here: no SVML)
     exp_f32(x)               the float32 polynomial itself
@@ -11,8 +12,11 @@ parallel choice, and a float32 exp that LLVM vectorizes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 # Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
@@ -28,7 +32,7 @@ from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
 
-__all__ = ["FASTMATH", "exp", "exp_f32", "njit_variant", "worth_threads"]
+__all__ = ["FASTMATH", "exp", "exp_f32", "njit_variant", "only_version", "worth_threads"]
 
 # Below this much work, counted in the attention kernel's multiply-adds (about a millisecond on
 # one core), a kernel runs on the calling thread: waking the other threads costs more than it
@@ -37,6 +41,10 @@ __all__ = ["FASTMATH", "exp", "exp_f32", "njit_variant", "worth_threads"]
 # linstream.ops; each caller passes its own work measure, converted with a weight per value
 # where it counts values (ops/rules/gather.py, ops/model/kernels.py).
 _PARALLEL_MIN_WORK = 1 << 22
+# set by `only_version` (per thread and context; None: decide by the work)
+_ONLY_VERSION: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "linstream_only_version", default=None
+)
 
 
 def njit_variant(parallel: bool, **options: Any) -> Any:
@@ -58,7 +66,22 @@ def njit_variant(parallel: bool, **options: Any) -> Any:
 def worth_threads(work: int) -> bool:
     """Whether `work` (multiply-adds, or values times a caller's weight) is enough to run
     a kernel's parallel version rather than its serial one."""
+    only = _ONLY_VERSION.get()
+    if only is not None:
+        return only
     return work >= _PARALLEL_MIN_WORK
+
+
+@contextlib.contextmanager
+def only_version(parallel: bool) -> Iterator[None]:
+    """Inside, every kernel that picks its version with `worth_threads` runs its parallel
+    (True) or serial (False) version whatever the work, in this thread (and context) only:
+    the warm-up compiles both versions on a small input."""
+    token = _ONLY_VERSION.set(bool(parallel))
+    try:
+        yield
+    finally:
+        _ONLY_VERSION.reset(token)
 
 
 # no nnan/ninf: NaN and Inf in the inputs must propagate to the outputs

@@ -62,120 +62,126 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "numba_causal"]
 DEFAULT_CHUNK_SIZE = 64
 
 _FMAP_IDENTITY, _FMAP_RELU, _FMAP_ELU1 = 0, 1, 2
-# value rows of the state per block of the recurrence (see head_chunk)
+# value rows of the state per block of the recurrence (see _head_chunk)
 _ROW_BLOCK = 16
+
+
+@numba.njit(nogil=True, cache=True, fastmath=FASTMATH, inline="always")
+def _load_chunk(src, s, n, h0, h1, fmap, dst):  # pragma: no cover - compiled
+    """dst[h - h0, :n] = φ(src[s:s+n, h]) for h in [h0, h1), in dst's dtype.
+
+    The rows are read in address order (all of the group's heads of a token, then the next
+    token), so the hardware prefetchers follow, and φ is applied on the way.  Trip counts
+    come from the arrays' shapes, not from the compile-time widths: a loop with a small
+    constant trip count is unrolled before the vectorizer sees it and then stays scalar."""
+    m = src.shape[2]
+    one = dst.dtype.type(1)
+    zero = dst.dtype.type(0)
+    if fmap == _FMAP_ELU1:
+        for i in range(n):
+            for h in range(h0, h1):
+                for f in range(m):
+                    x = src[s + i, h, f]
+                    e = exp(zero if x > zero else x)
+                    dst[h - h0, i, f] = x + one if x > zero else e
+    elif fmap == _FMAP_RELU:
+        for i in range(n):
+            for h in range(h0, h1):
+                for f in range(m):
+                    x = src[s + i, h, f]
+                    dst[h - h0, i, f] = x if x > zero else zero
+    else:
+        for i in range(n):
+            for h in range(h0, h1):
+                for f in range(m):
+                    dst[h - h0, i, f] = src[s + i, h, f]
+
+
+# inline="always": inlined in Numba's IR, so LLVM sees the buffers' compile-time row lengths
+# (as a separate function the row addresses took so many registers that they spilled)
+@numba.njit(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps, dk, dv):  # pragma: no cover
+    """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
+    writes the numerators φ(q)ᵀS to oc [C, dv] and 1 / denominator to inv [C] (float64).
+    st [dv, dk] (S transposed) and zt [dk] are the carried state in the state dtype,
+    updated; s0, ds [dv, dk] (compute dtype) and zc [dk] (float64) are scratch, ds all zeros
+    on entry and on return."""
+    zero = qc.dtype.type(0)
+    m = st.shape[1]
+    for e in range(st.shape[0]):
+        for f in range(m):
+            s0[e, f] = st[e, f]
+    # the denominators in float64, with z summed token by token in float64
+    for f in range(m):
+        zc[f] = zt[f]
+    for i in range(n):
+        den = 0.0
+        for f in range(m):
+            zc[f] += np.float64(kc[i, f])
+            den += np.float64(qc[i, f]) * zc[f]
+        inv[i] = 1.0 / (den + eps)
+    for f in range(m):
+        zt[f] = zc[f]
+    # four tokens per pass over a row of ΔS: each row of ΔS and S₀ is loaded once for four
+    # updates and four reads (the row of token i+1 is the row of token i plus its own term).
+    # The rows go in blocks of _ROW_BLOCK, each through all of the chunk's tokens, so that
+    # the block's ΔS and S₀ stay in L1 (all of both is 32 KB at d=64, L1's size here).
+    for e0 in range(0, dv, _ROW_BLOCK):
+        e1 = min(e0 + _ROW_BLOCK, dv)
+        i = 0
+        while i + 4 <= n:
+            for e in range(e0, e1):
+                v0 = vc[i, e]
+                v1 = vc[i + 1, e]
+                v2 = vc[i + 2, e]
+                v3 = vc[i + 3, e]
+                a0 = zero
+                a1 = zero
+                a2 = zero
+                a3 = zero
+                for f in range(dk):
+                    sf = s0[e, f]
+                    x = ds[e, f] + kc[i, f] * v0
+                    a0 += qc[i, f] * (sf + x)
+                    x = x + kc[i + 1, f] * v1
+                    a1 += qc[i + 1, f] * (sf + x)
+                    x = x + kc[i + 2, f] * v2
+                    a2 += qc[i + 2, f] * (sf + x)
+                    x = x + kc[i + 3, f] * v3
+                    a3 += qc[i + 3, f] * (sf + x)
+                    ds[e, f] = x
+                oc[i, e] = a0
+                oc[i + 1, e] = a1
+                oc[i + 2, e] = a2
+                oc[i + 3, e] = a3
+            i += 4
+        while i < n:  # the chunk's last n % 4 tokens
+            for e in range(e0, e1):
+                ve = vc[i, e]
+                a = zero
+                for f in range(dk):
+                    x = ds[e, f] + kc[i, f] * ve
+                    ds[e, f] = x
+                    a += qc[i, f] * (s0[e, f] + x)
+                oc[i, e] = a
+            i += 1
+    # fold the chunk into the carried state, in the state dtype
+    for e in range(st.shape[0]):
+        for f in range(m):
+            st[e, f] += ds[e, f]
+            ds[e, f] = zero
 
 
 @functools.cache
 def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
     """The kernel for heads of width (d_k, d_v), both compile-time constants (one compile per
     shape and dtype combination, then from Numba's on-disk cache); head groups in parallel or
-    not."""
+    not.
+
+    The closure holds the two widths and nothing else: Numba keys a closure's cache entry by its
+    pickled closure values, and a jitted function's pickled form differs from process to
+    process, so a closure that held the helpers above was never found by the next process."""
     dk, dv = int(d_k), int(d_v)
-
-    @numba.njit(nogil=True, cache=True, fastmath=FASTMATH, inline="always")
-    def load_chunk(src, s, n, h0, h1, fmap, dst):  # pragma: no cover - compiled
-        """dst[h - h0, :n] = φ(src[s:s+n, h]) for h in [h0, h1), in dst's dtype.
-
-        The rows are read in address order (all of the group's heads of a token, then the next
-        token), so the hardware prefetchers follow, and φ is applied on the way.  Trip counts
-        come from the arrays' shapes, not from the compile-time widths: a loop with a small
-        constant trip count is unrolled before the vectorizer sees it and then stays scalar."""
-        m = src.shape[2]
-        one = dst.dtype.type(1)
-        zero = dst.dtype.type(0)
-        if fmap == _FMAP_ELU1:
-            for i in range(n):
-                for h in range(h0, h1):
-                    for f in range(m):
-                        x = src[s + i, h, f]
-                        e = exp(zero if x > zero else x)
-                        dst[h - h0, i, f] = x + one if x > zero else e
-        elif fmap == _FMAP_RELU:
-            for i in range(n):
-                for h in range(h0, h1):
-                    for f in range(m):
-                        x = src[s + i, h, f]
-                        dst[h - h0, i, f] = x if x > zero else zero
-        else:
-            for i in range(n):
-                for h in range(h0, h1):
-                    for f in range(m):
-                        dst[h - h0, i, f] = src[s + i, h, f]
-
-    # inline="always": inlined in Numba's IR, so LLVM sees the buffers' compile-time row lengths
-    # (as a separate function the row addresses took so many registers that they spilled)
-    @numba.njit(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-    def head_chunk(qc, kc, vc, oc, n, st, zt, s0, ds, zc, inv, eps):  # pragma: no cover
-        """One head over one chunk of n tokens: φ(q), φ(k) in qc, kc [C, dk], v in vc [C, dv];
-        writes the numerators φ(q)ᵀS to oc [C, dv] and 1 / denominator to inv [C] (float64).
-        st [dv, dk] (S transposed) and zt [dk] are the carried state in the state dtype,
-        updated; s0, ds [dv, dk] (compute dtype) and zc [dk] (float64) are scratch, ds all zeros
-        on entry and on return."""
-        zero = qc.dtype.type(0)
-        m = st.shape[1]
-        for e in range(st.shape[0]):
-            for f in range(m):
-                s0[e, f] = st[e, f]
-        # the denominators in float64, with z summed token by token in float64
-        for f in range(m):
-            zc[f] = zt[f]
-        for i in range(n):
-            den = 0.0
-            for f in range(m):
-                zc[f] += np.float64(kc[i, f])
-                den += np.float64(qc[i, f]) * zc[f]
-            inv[i] = 1.0 / (den + eps)
-        for f in range(m):
-            zt[f] = zc[f]
-        # four tokens per pass over a row of ΔS: each row of ΔS and S₀ is loaded once for four
-        # updates and four reads (the row of token i+1 is the row of token i plus its own term).
-        # The rows go in blocks of _ROW_BLOCK, each through all of the chunk's tokens, so that
-        # the block's ΔS and S₀ stay in L1 (all of both is 32 KB at d=64, L1's size here).
-        for e0 in range(0, dv, _ROW_BLOCK):
-            e1 = min(e0 + _ROW_BLOCK, dv)
-            i = 0
-            while i + 4 <= n:
-                for e in range(e0, e1):
-                    v0 = vc[i, e]
-                    v1 = vc[i + 1, e]
-                    v2 = vc[i + 2, e]
-                    v3 = vc[i + 3, e]
-                    a0 = zero
-                    a1 = zero
-                    a2 = zero
-                    a3 = zero
-                    for f in range(dk):
-                        sf = s0[e, f]
-                        x = ds[e, f] + kc[i, f] * v0
-                        a0 += qc[i, f] * (sf + x)
-                        x = x + kc[i + 1, f] * v1
-                        a1 += qc[i + 1, f] * (sf + x)
-                        x = x + kc[i + 2, f] * v2
-                        a2 += qc[i + 2, f] * (sf + x)
-                        x = x + kc[i + 3, f] * v3
-                        a3 += qc[i + 3, f] * (sf + x)
-                        ds[e, f] = x
-                    oc[i, e] = a0
-                    oc[i + 1, e] = a1
-                    oc[i + 2, e] = a2
-                    oc[i + 3, e] = a3
-                i += 4
-            while i < n:  # the chunk's last n % 4 tokens
-                for e in range(e0, e1):
-                    ve = vc[i, e]
-                    a = zero
-                    for f in range(dk):
-                        x = ds[e, f] + kc[i, f] * ve
-                        ds[e, f] = x
-                        a += qc[i, f] * (s0[e, f] + x)
-                    oc[i, e] = a
-                i += 1
-        # fold the chunk into the carried state, in the state dtype
-        for e in range(st.shape[0]):
-            for f in range(m):
-                st[e, f] += ds[e, f]
-                ds[e, f] = zero
 
     # error_model="numpy": a zero denominator (eps=0) gives inf/NaN as in NumPy, never an
     # exception, on both paths (parallel regions always behave so)
@@ -211,12 +217,25 @@ def _causal_kernel(d_k: int, d_v: int, parallel: bool) -> Any:
                         st[hl, e, f] = s_state[h0 + hl, f, e]
             for s in range(0, t, chunk):
                 n = min(chunk, t - s)
-                load_chunk(q, s, n, h0, h1, fmap, qc)
-                load_chunk(k, s, n, h0, h1, fmap, kc)
-                load_chunk(v, s, n, h0, h1, _FMAP_IDENTITY, vc)
+                _load_chunk(q, s, n, h0, h1, fmap, qc)
+                _load_chunk(k, s, n, h0, h1, fmap, kc)
+                _load_chunk(v, s, n, h0, h1, _FMAP_IDENTITY, vc)
                 for hl in range(nl):
-                    head_chunk(
-                        qc[hl], kc[hl], vc[hl], oc[hl], n, st[hl], zt[hl], s0, ds, zc, inv[hl], eps
+                    _head_chunk(
+                        qc[hl],
+                        kc[hl],
+                        vc[hl],
+                        oc[hl],
+                        n,
+                        st[hl],
+                        zt[hl],
+                        s0,
+                        ds,
+                        zc,
+                        inv[hl],
+                        eps,
+                        dk,
+                        dv,
                     )
                 # the numerators times 1 / denominator (float64), on the way out
                 m = out.shape[2]

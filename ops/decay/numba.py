@@ -11,6 +11,14 @@ Every exponent G_i - G_j (j ≤ i), G_i and G_n - G_j is ≤ 0, so nothing grows
 never divided out.  z rides as an extra value column (v gets a column of ones), so one product
 serves numerator and denominator.  Chunk math runs in the compute dtype; the chunk's
 contribution is added to the state in the state's dtype; the ratio is formed in float64.
+
+The chunks are C tokens long unless `chunk_end` ends one early, shared with the delta rules'
+kernel: a token with an Inf or NaN in its key or value, or with a gate that erases the state
+(log α < ERASING_GATE), only ever starts a chunk.  The prefix sums g_i = G_i - log α_first leave
+the first token's gate out (it enters only e^{G_i} = α_first e^{g_i} and e^{G_n}), so a huge gate
+never sits inside the sums whose differences give e^{G_i - G_j}.  Without this, an Inf value
+made the outputs of earlier tokens of its chunk NaN (a masked zero times Inf), and a gate of
+-finfo(float64).max at two tokens of a chunk summed to -inf and -inf - (-inf) made the state NaN.
 """
 
 from __future__ import annotations
@@ -22,13 +30,43 @@ import numpy as np
 from linstream.ops.numba_tools import exp
 from numba import prange
 
-__all__ = ["decay_chunks"]
+__all__ = ["ERASING_GATE", "LOG_GATE_FLOOR", "chunk_end", "decay_chunks", "floored_log_gates"]
+
+# Log gates below this are raised to it: e^-1000 is 0 in float64 (as is every e^x below -745.2),
+# so no gate's float64 value changes, and sums of a few stay far from -inf.
+LOG_GATE_FLOOR = -1000.0
+# A gate below this keeps less than float64's resolution (e^-37 < 2^-53) of the state before it:
+# such a token starts a chunk (`chunk_end`), so that the prefix sums of a chunk's gates after
+# its first token stay small and their differences keep full precision.
+ERASING_GATE = -37.0
+
+
+def floored_log_gates(log_gate: np.ndarray) -> np.ndarray:
+    """log_gate [H, T] as float64, C-contiguous, raised to at least LOG_GATE_FLOOR."""
+    return np.ascontiguousarray(np.maximum(log_gate, LOG_GATE_FLOOR), dtype=np.float64)
+
+
+@numba.njit(nogil=True, cache=True)
+def chunk_end(kh, vh, log_a, h, start, stop):  # pragma: no cover - jitted
+    """Where the chunk of head h that starts at token `start` ends (exclusive, <= stop): before
+    the first later token whose key kh[h, i] or value vh[h, i] holds an Inf or NaN, or whose
+    log gate is below ERASING_GATE."""
+    for i in range(start + 1, stop):
+        if log_a[h, i] < ERASING_GATE:
+            return i
+        for p in range(kh.shape[2]):
+            if not math.isfinite(kh[h, i, p]):
+                return i
+        for p in range(vh.shape[2]):
+            if not math.isfinite(vh[h, i, p]):
+                return i
+    return stop
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no cover - jitted
-    """qh, kh [H, T, F]; vh [H, T, d_v+1] (last column ones) in the compute dtype; log_a, eps_t
-    [H, T] float64; s [H, F, d_v+1] the state (z in the last column), updated in place;
+    """qh, kh [H, T, F]; vh [H, T, d_v+1] (last column ones) in the compute dtype; log_a (floored),
+    eps_t [H, T] float64; s [H, F, d_v+1] the state (z in the last column), updated in place;
     out [H, T, d_v] in the compute dtype."""
     nh, t, f = qh.shape
     dv = vh.shape[2] - 1
@@ -36,10 +74,13 @@ def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no
         g = np.empty(c, np.float64)
         qg = np.empty((c, f), qh.dtype)
         kd = np.empty((c, f), qh.dtype)
-        for c0 in range(0, t, c):
-            n = min(c, t - c0)
+        c0 = 0
+        while c0 < t:
+            n = chunk_end(kh, vh, log_a, h, c0, min(c0 + c, t)) - c0
+            la0 = log_a[h, c0]  # the first token's gate, kept out of g
             acc = 0.0
-            for i in range(n):
+            g[0] = acc
+            for i in range(1, n):
                 acc += log_a[h, c0 + i]
                 g[i] = acc
             qc = qh[h, c0 : c0 + n]
@@ -48,7 +89,7 @@ def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no
             sc = s[h].astype(qh.dtype)
             gn = g[n - 1]
             for i in range(n):
-                eg = qh.dtype.type(math.exp(g[i]))
+                eg = qh.dtype.type(math.exp(la0 + g[i]))
                 ek = qh.dtype.type(math.exp(gn - g[i]))
                 for p in range(f):
                     qg[i, p] = qc[i, p] * eg
@@ -70,10 +111,11 @@ def _decay_chunks(qh, kh, vh, log_a, eps_t, s, out, c, normalize):  # pragma: no
                     for p in range(dv):
                         out[h, c0 + i, p] = nd[i, p]
             upd = np.dot(kd[:n].T, vc)
-            eg = math.exp(gn)
+            eg = math.exp(la0 + gn)
             for p in range(f):
                 for r in range(dv + 1):
                     s[h, p, r] = s[h, p, r] * eg + upd[p, r]
+            c0 += n
 
 
 def decay_chunks(
@@ -94,7 +136,7 @@ def decay_chunks(
     h, t, _ = qh.shape
     out = np.empty((h, t, vh.shape[2] - 1), dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))
-    lg = np.ascontiguousarray(log_gate, dtype=np.float64)
+    lg = floored_log_gates(log_gate)
     et = np.ascontiguousarray(eps_t, dtype=np.float64)
     _decay_chunks(qh, kh, vh, lg, et, sx, out, c, bool(normalize))
     return out

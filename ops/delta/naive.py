@@ -20,11 +20,12 @@ __all__ = ["delta_recurrent", "gated_delta_recurrent", "unit_keys"]
 
 
 def unit_keys(kf: Any) -> np.ndarray:
-    """φ(k)/‖φ(k)‖ over the last axis in float64; rows with ‖φ(k)‖ = 0 stay 0."""
+    """φ(k)/‖φ(k)‖ over the last axis in float64; rows with ‖φ(k)‖ = 0 stay 0, a NaN stays NaN
+    (as in the kernels: NaN and Inf propagate)."""
     kf = np.asarray(kf, np.float64)
     n = np.sqrt(np.sum(kf * kf, axis=-1, keepdims=True))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, kf / n, 0.0)
+        return np.where(n == 0, 0.0, kf / n)
 
 
 def gated_delta_recurrent(

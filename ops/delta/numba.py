@@ -15,7 +15,9 @@ The UT transform T = (I + L)^{-1} (lower unitriangular, by forward substitution 
     S_n = e^{G_n} S_0 + (e^{G_n - G} ⊙ K)ᵀ U
 
 All exponents are ≤ 0.  Chunk math runs in the compute dtype; the contribution is added to the
-state in the state's dtype.  z is not used by these rules.
+state in the state's dtype.  z is not used by these rules.  The chunks end where the decaying
+rules' kernel ends them (`chunk_end`: before a non-finite key or value, or a gate that erases the
+state), and the first token's gate is kept out of the prefix sums in the same way (see there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 
 import numba
 import numpy as np
+from linstream.ops.decay.numba import chunk_end, floored_log_gates
 from linstream.ops.numba_tools import exp
 from numba import prange
 
@@ -42,10 +45,13 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
         kb = np.empty((c, f), qh.dtype)
         kd = np.empty((c, f), qh.dtype)
         vb = np.empty((c, dv), qh.dtype)
-        for c0 in range(0, t, c):
-            n = min(c, t - c0)
+        c0 = 0
+        while c0 < t:
+            n = chunk_end(kh, vh, log_a, h, c0, min(c0 + c, t)) - c0
+            la0 = log_a[h, c0]  # the first token's gate, kept out of g
             acc = 0.0
-            for i in range(n):
+            g[0] = acc
+            for i in range(1, n):
                 acc += log_a[h, c0 + i]
                 g[i] = acc
             gn = g[n - 1]
@@ -55,8 +61,8 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
             sc = s[h].astype(qh.dtype)
             for i in range(n):
                 b = beta[h, c0 + i]
-                eg = qh.dtype.type(math.exp(g[i]))
-                ebg = qh.dtype.type(b * math.exp(g[i]))
+                eg = qh.dtype.type(math.exp(la0 + g[i]))
+                ebg = qh.dtype.type(b * math.exp(la0 + g[i]))
                 ek = qh.dtype.type(math.exp(gn - g[i]))
                 for p in range(f):
                     qg[i, p] = qc[i, p] * eg
@@ -89,10 +95,11 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
                 for p in range(dv):
                     out[h, c0 + i, p] = y[i, p]
             upd = np.dot(kd[:n].T, u)
-            eg = math.exp(gn)
+            eg = math.exp(la0 + gn)
             for p in range(f):
                 for r in range(dv):
                     s[h, p, r] = s[h, p, r] * eg + upd[p, r]
+            c0 += n
 
 
 def delta_chunks(
@@ -111,7 +118,7 @@ def delta_chunks(
     t = qh.shape[1]
     out = np.empty(vh.shape, dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))
-    lg = np.ascontiguousarray(log_gate, dtype=np.float64)
+    lg = floored_log_gates(log_gate)
     bt = np.ascontiguousarray(beta, dtype=np.float64)
     _delta_chunks(qh, kh, vh, lg, bt, s, out, c)
     return out

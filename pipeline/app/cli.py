@@ -1,4 +1,4 @@
-"""The `linstream` command line: sample, embed, demo, checkpoint inspect|verify|gc.
+"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc.
 
 Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
 missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
@@ -295,6 +295,29 @@ def _add_demo(sub: Any) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
+def _add_warmup(sub: Any) -> None:
+    from linstream.ops.warmup import add_arguments
+
+    p = sub.add_parser(
+        "warmup",
+        help="compile the kernels a job with this model calls into the on-disk cache",
+        description="Compile the Numba kernels that `linstream embed --model SPEC` calls, into "
+        "NUMBA_CACHE_DIR (or beside the package), so that later jobs and worker processes on "
+        "this machine load them instead of compiling.  A machine with another CPU model "
+        "compiles once per process, as without the cache.",
+        formatter_class=_DEFAULTS,
+    )
+    add_arguments(p)
+    _verbose(p)
+    p.set_defaults(func=_cmd_warmup)
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    from linstream.ops.warmup import run
+
+    return run(args)
+
+
 def _add_checkpoint(sub: Any) -> None:
     from .checkpoint_cli import add_checkpoint_parser
 
@@ -318,6 +341,7 @@ def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
     _add_sample(sub)
     _add_embed(sub, full=command == "embed")
     _add_demo(sub)
+    _add_warmup(sub)
     _add_checkpoint(sub)
     return parser
 

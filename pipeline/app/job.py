@@ -9,6 +9,7 @@ or a dict.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -235,35 +236,40 @@ def check_embed_args(config: EmbedConfig, beam_args: list[str]) -> None:
 
 
 def numba_cache_is_cold() -> bool:
-    """Whether the Numba kernels will compile on first use: no cache index file of the kernel
-    module yet, beside it (``__pycache__``) or under ``NUMBA_CACHE_DIR``."""
-    import glob
-    import importlib.util
+    """Whether the Numba kernels will compile on first use: their on-disk cache
+    (``NUMBA_CACHE_DIR``, or beside the package) holds no kernel compiled for this CPU (it is
+    empty, or was filled on another CPU model, or before the package's files changed)."""
+    from linstream.ops.numba_cache import holds_this_cpu
 
-    spec = importlib.util.find_spec("linstream.ops.additive.numba")
-    if spec is None or not spec.origin:
-        return False
-    folders = [
-        os.environ.get("NUMBA_CACHE_DIR")
-        or os.path.join(os.path.dirname(spec.origin), "__pycache__")
-    ]
-    return not any(
-        glob.glob(os.path.join(f, "**", "numba_backend*.nbi"), recursive=True) for f in folders
-    )
+    return not holds_this_cpu()
 
 
-def _announce_compile(config: EmbedConfig, log: Any) -> None:
+# the figure: `linstream embed` and `linstream warmup` on an empty cache, 2 loaded vCPUs
+# (docs/benchmarks.md): 5-20 s of compiling for builtin:default, more at long chunks
+_COMPILING = (
+    "compiling the Numba kernels for this machine (about 10-30 s, once: later runs load them "
+    "from the cache; `linstream warmup --model M` compiles them ahead)"
+)
+
+
+def _announce_compile(config: EmbedConfig, log: Any) -> contextlib.AbstractContextManager[None]:
+    """Says once, in one line, that the kernels compile: now, when the cache holds nothing for
+    this CPU, else at the first compile the job's own process sees (a cache warmed for another
+    model or state dtype).  Returns the context the job runs in."""
     from linstream.ops import resolve_backend
 
     try:
         backend = resolve_backend(config.backend)
     except Exception:  # reported where the job uses it
-        return
-    if backend == "numba" and numba_cache_is_cold():
-        log(
-            "compiling the Numba kernels for this machine (first run only, about 20-60 s; "
-            "cached for later runs)"
-        )
+        return contextlib.nullcontext()
+    if backend != "numba":
+        return contextlib.nullcontext()
+    if numba_cache_is_cold():
+        log(_COMPILING)
+        return contextlib.nullcontext()
+    from linstream.ops.numba_cache import on_first_compile
+
+    return on_first_compile(lambda _name: log(_COMPILING))
 
 
 def run_embed(
@@ -293,11 +299,13 @@ def run_embed(
     pipeline = beam.Pipeline(options=opts)
     build_embed_pipeline(pipeline, config, total_tokens=total)
     runner = str(opts.get_all_options().get("runner") or "")
+    announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
-        _announce_compile(config, say)
+        announce = _announce_compile(config, say)
     t0 = time.perf_counter()
     try:
-        with state_cache_for(opts):  # as an SDK harness sizes it (FnApiRunner: 100 MB)
+        # as an SDK harness sizes it (FnApiRunner: 100 MB)
+        with announce, state_cache_for(opts):
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as ex:

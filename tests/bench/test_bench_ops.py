@@ -15,7 +15,10 @@ spread is reported.  Rivals in the same run, interleaved, best of 3:
 - numba, recurrent v1 (LANDED_COMMIT, the per-head token recurrence this kernel replaced), in
   the repeated decisive comparison only;
 - PyTorch tuned: φ per chunk, z folded into an extra column of V, batched matmuls, buffers
-  allocated once, float32 state; PyTorch straightforward: what a user would write.
+  allocated once, float32 state; PyTorch straightforward: what a user would write;
+- recurrent prototype (recurrent_prototype.py): a few dozen lines of Numba, one head per task,
+  token by token, float32 state, compile-time widths; on the [T, H, d] inputs the kernel gets,
+  and on head-major [H, T, d] copies made before the timing (test_bench_kernel_vs_prototype).
 
 Results: stdout, RESULTS-ops.md, and the plots docs/img/kernel-chunks.png and kernel-widths.png.
 """
@@ -40,6 +43,7 @@ from linstream.ops.feature_maps import get_feature_map
 from threadpoolctl import threadpool_limits
 
 from .plotting import IMG_DIR, bar_plot, line_plot
+from .recurrent_prototype import recurrent_prototype, recurrent_prototype_htd
 
 H, D, T = 8, 64, 65536
 CHUNKS = (32, 64, 128, 256)
@@ -384,6 +388,67 @@ def test_bench_kernel_decisive_repeats():
                 + f" | {100 * rate['numba'] * flops / roof:.1f}% | "
                 f"{ratio(rate, 'numba, previous')} | {ratio(rate, 'numba, recurrent v1')} |"
             )
+    text = "\n".join(lines)
+    print(text)
+    if RESULTS.exists():
+        RESULTS.write_text(RESULTS.read_text() + text + "\n")
+
+
+@pytest.mark.bench
+def test_bench_kernel_vs_prototype():
+    """The kernel (C=64, float64 state) against the simple recurrent prototype, on 2 threads and
+    on one, interleaved, best of PROTOTYPE_ROUNDS, each thread count with its matmul rate."""
+    q, k, v = _inputs(T, D, D)
+    heads = [np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (q, k, v)]
+    oh = np.empty(heads[2].shape, np.float32)
+    rivals = {
+        "numba kernel": lambda: causal_linear_attention(q, k, v, backend="numba"),
+        "prototype, [T, H, d] in": lambda: recurrent_prototype(q, k, v),
+        "prototype, [H, T, d] in": lambda: recurrent_prototype_htd(*heads, oh),
+    }
+    n = 4096
+    ref, _ = causal_linear_attention(
+        *(x[:n].astype(np.float64) for x in (q, k, v)), backend="numpy"
+    )
+    small = [np.ascontiguousarray(x[:, :n]) for x in heads]
+    o_small = np.empty(small[2].shape, np.float32)
+    recurrent_prototype_htd(*small, o_small)
+    for name, out in {
+        "kernel": causal_linear_attention(q[:n], k[:n], v[:n], backend="numba")[0],
+        "prototype": recurrent_prototype(q[:n], k[:n], v[:n]),
+        "prototype, head-major": o_small.transpose(1, 0, 2),
+    }.items():
+        np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4, err_msg=name)
+    flops = H * 4 * D * D
+    lines = [
+        "",
+        f"## The kernel against a simple recurrent prototype (H={H}, d={D}, T={T}, float32 in; "
+        "kernel: float64 state, C=64; prototype: float32 state)",
+        f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        "",
+        "| threads | matmul rate, best (median) GFLOP/s | "
+        + " | ".join(f"{n} tokens/s" for n in rivals)
+        + " | kernel / prototype [T,H,d] | kernel / prototype [H,T,d] |",
+        "|---:|---:|" + "---:|" * (len(rivals) + 2),
+    ]
+    rounds = int(os.environ.get("LINSTREAM_BENCH_ROUNDS", 7))
+    for threads in (2, 1):
+        numba.set_num_threads(threads)
+        try:
+            with threadpool_limits(threads):
+                best, roof, roof_line = _with_roof(rivals, rounds=rounds)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        rate = {name: T / t for name, t in best.items()}
+        median = roof_line.split("median ")[1].split(",")[0]
+        kern = rate["numba kernel"]
+        lines.append(
+            f"| {threads} | {roof / 1e9:.0f} ({median}) | "
+            + " | ".join(f"{x:,.0f} ({100 * x * flops / roof:.0f}%)" for x in rate.values())
+            + f" | {kern / rate['prototype, [T, H, d] in']:.2f}× "
+            f"| {kern / rate['prototype, [H, T, d] in']:.2f}× |"
+        )
+    lines.append(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     text = "\n".join(lines)
     print(text)
     if RESULTS.exists():

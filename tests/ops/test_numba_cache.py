@@ -1,7 +1,12 @@
-"""The serial and the parallel version of each kernel are separate entries in Numba's on-disk
-cache: a process that finds only the serial version cached compiles the parallel one, instead of
-loading the serial code under the parallel name (Numba keys its cache by name, line, bytecode and
-closure values, not by compile options)."""
+"""Numba's on-disk cache serves every kernel to the next process.
+
+A second process on the same cache folder compiles nothing and adds no file (the additive
+kernel once captured jitted helpers in its closure: Numba keys a closure's entry by the pickled
+closure values, which differ in every process, so each process compiled it again and added one
+more entry).  The serial and the parallel version of each kernel are separate entries: a process
+that finds only the serial version cached compiles the parallel one, instead of loading the serial
+code under the parallel name (Numba keys its cache by name, line, bytecode and closure values,
+not by compile options)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from linstream.ops.additive import numba as nb
 from linstream.ops.model import kernels as mk
@@ -46,6 +52,53 @@ def _run(version, cache_dir):
         check=True,
     )
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_WORKLOAD = Path(__file__).parents[1] / "helpers" / "numba_workload.py"
+# every module with jitted kernels, and the versions the workload must have compiled in it
+_KERNEL_MODULES = {
+    "linstream.ops.additive.numba": ("serial", "parallel"),
+    "linstream.ops.decay.numba": (),
+    "linstream.ops.delta.numba": (),
+    "linstream.ops.rules.gather": ("serial", "parallel"),
+    "linstream.ops.model.kernels": ("serial", "parallel"),
+    "linstream.ops.additive.naive_numba": (),
+}
+
+
+def _workload(cache_dir):
+    proc = subprocess.run(
+        [sys.executable, str(_WORKLOAD)],
+        env={**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _files(folder):
+    return sorted(
+        (str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file()
+    )
+
+
+def test_a_second_process_compiles_nothing_and_adds_no_file(tmp_path):
+    first = _workload(tmp_path)
+    print("first process compiled:", first)
+    # the cache was empty: the first process compiled every kernel, both versions of each
+    for module, versions in _KERNEL_MODULES.items():
+        names = [c for c in first["compiled"] if c.startswith(module + ":")]
+        assert names, f"nothing of {module} compiled in an empty cache"
+        for version in versions:
+            assert any(n.endswith("." + version) for n in names), (module, version, names)
+    files = _files(tmp_path)
+    second = _workload(tmp_path)
+    assert second["compiled"] == [], "a second process on the same cache compiled"
+    third = _workload(tmp_path)
+    assert third["compiled"] == []
+    assert _files(tmp_path) == files, "the cache folder changed after the first process"
 
 
 def test_serial_cache_is_not_loaded_as_the_parallel_kernel(tmp_path):
