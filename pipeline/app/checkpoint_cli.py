@@ -229,13 +229,14 @@ def cmd_gc(args: argparse.Namespace, out: TextIO | None = None) -> int:
 @_one_line_errors
 def cmd_verify(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Check every commit; print ``BAD path: error: reason`` lines and return 1 if any."""
+    from linstream.pipeline.stage.spans import span_check
     from linstream.state import CheckpointError
 
     out = out or sys.stdout
     store = _open(args.root, sys.stderr)
     if store is None:
         return 2
-    problems = store.verify()
+    problems = store.verify(check=span_check(store.location))
     n_commits = 0
     for seq_id in store.sequences():
         try:

@@ -29,6 +29,7 @@ from linstream.state import (
     OutputSpan,
     SequenceState,
 )
+from linstream.state.store.manifest import Manifest
 
 from .applier import Counters
 from .cells import Cells
@@ -58,6 +59,14 @@ class Commits:
         self.emit, self.restore_fallback = emit, restore_fallback
         self._publisher: ThreadPoolExecutor | None = None
         self._publishing: dict[str, Future[bool]] = {}
+        if spans is not None:  # output folders this store's jobs marked are trusted too
+            spans.store_location = store.location
+
+    def _check(self, m: Manifest) -> None:
+        """A manifest's output span names only files this job may touch (else it is refused
+        like a corrupt commit: see spans.py)."""
+        if self.spans is not None and m.history is not None and m.history.outputs is not None:
+            self.spans.check(m.history.outputs, m.seq_id)
 
     def flush(self) -> None:
         """Wait for every background publish; raises the first one's error."""
@@ -100,6 +109,7 @@ class Commits:
             fingerprint=self.step.fingerprint,
             fallback=self.restore_fallback,
             expected_shape=self.step.state_shape(data),
+            check=self._check,
         )
         if head is not None and meta.evicted and head.newest_commit != meta.commit_no:
             msg = (
@@ -185,7 +195,9 @@ class Commits:
         else:
             # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
             self._discard(span, writing)
-            kept = self.store.read_chain(seq_id, history.commit, fingerprint=self.step.fingerprint)
+            kept = self.store.read_chain(
+                seq_id, history.commit, fingerprint=self.step.fingerprint, check=self._check
+            )
             self.finalize_outputs(kept.history)
             if outcome == CommitOutcome.DUPLICATE:
                 self.m.commit_duplicates.inc()

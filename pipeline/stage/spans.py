@@ -16,36 +16,63 @@ their span written again); a crash between 2 and 3 is rolled forward by the next
 restores the sequence, whatever its output folder, because the manifest names the files.  A
 commit that loses a race (a retried bundle, another job) discards its own pending file.  So the
 published files hold every committed chunk once.
+
+A manifest is untrusted input, and so are the two names its span records.  Before any file a
+span names is read, published or removed, `check` confirms that both names have exactly the
+form written here (``<results folder>/<seq folder>/<first>-<end>.parquet`` and its ``.pending-``
+sibling) and that the results folder is this job's own or one that a job of the same checkpoint
+store marked as its output (`mark_name`: a hidden file that only a job given both folders
+writes).  A span naming anything else is refused (`CorruptCheckpointError`), and nothing it
+names is touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
+import re
+import stat
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from linstream.pipeline.elements import ChunkResult
-from linstream.state import OutputSpan
+from linstream.state import CorruptCheckpointError, OutputSpan
 from linstream.state.store.filesystems import (
     FsspecStorage,
     LocalStorage,
     in_thread,
     open_storage,
 )
-from linstream.state.store.paths import encode_seq_dir
+from linstream.state.store.manifest import Manifest
+from linstream.state.store.paths import decode_seq_dir, encode_seq_dir, is_hashed_seq_dir
 
-__all__ = ["RESULTS_DIR", "SpanWriter", "spans_table"]
+if TYPE_CHECKING:  # Beam is not imported here: `linstream checkpoint verify` uses `span_check`
+    from linstream.pipeline.elements import ChunkResult
+
+__all__ = [
+    "RESULTS_DIR",
+    "SpanWriter",
+    "has_store_mark",
+    "mark_name",
+    "results_folder_of",
+    "span_check",
+    "spans_table",
+]
 
 #: Sub-folder of a job's output folder that holds the result files.
 RESULTS_DIR = "results"
 _PENDING = ".pending-"
+_FINAL_RE = re.compile(r"([0-9]{12})-([0-9]{12})\.parquet")
+_PENDING_RE = re.compile(r"\.pending-([0-9]{12})-([0-9]{12})-(?:[0-9]{20}-)?[0-9a-f]{12}\.parquet")
+_SCHEME_RE = re.compile(r"([a-z][a-z0-9+.-]*)://")
+_MARK = ".linstream-store-"
 
 _log = logging.getLogger(__name__)
 
@@ -74,15 +101,127 @@ def spans_table(results: list[ChunkResult], *, per_token: bool) -> pa.Table:
     )
 
 
+def mark_name(store_location: str) -> str:
+    """The hidden file in a results folder that says jobs of the store at ``store_location``
+    (``CheckpointStore.location``) write their outputs there."""
+    return _MARK + hashlib.sha256(store_location.encode("utf-8")).hexdigest()[:32]
+
+
+def _refused(span: OutputSpan, why: str) -> CorruptCheckpointError:
+    msg = (
+        f"its output span names files outside the output folders of this store's jobs "
+        f"({span.file!r:.160}): {why}; linstream does not touch them"
+    )
+    return CorruptCheckpointError(msg)
+
+
+def _normal_folder(url: str) -> bool:
+    """An absolute local path or a URL, with no empty, ``.`` or ``..`` part and no control
+    characters or backslashes."""
+    if any(ord(c) < 32 or c in "\\\x7f" for c in url):
+        return False
+    scheme = _SCHEME_RE.match(url)
+    if scheme is not None:
+        parts = url[scheme.end() :].split("/")
+    elif url.startswith("/"):
+        parts = url[1:].split("/")
+    else:
+        return False
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+def results_folder_of(span: OutputSpan, seq_id: str | None = None) -> str:
+    """The results folder (``<output>/results``, as a path or URL) that the span's two files
+    are in, checking that they have exactly the form `SpanWriter` gives them, for ``seq_id``
+    when given; else `CorruptCheckpointError` saying what is wrong."""
+    folder, _, name = span.file.rpartition("/")
+    pfolder, _, pname = span.pending.rpartition("/")
+    results, _, seq_dir = folder.rpartition("/")
+    want = f"{span.first_chunk:012d}-{span.end_chunk:012d}.parquet"
+    pending = _PENDING_RE.fullmatch(pname)
+    if name != want or pending is None or pending.group(1, 2) != tuple(want[:-8].split("-")):
+        raise _refused(span, f"expected the files {want} and {_PENDING}{want[:-8]}-….parquet")
+    if pfolder != folder:
+        raise _refused(span, "its pending file is in another folder than its result file")
+    expected_dir = None if seq_id is None else encode_seq_dir(seq_id)
+    if (expected_dir is not None and seq_dir != expected_dir) or not (
+        decode_seq_dir(seq_dir) is not None or is_hashed_seq_dir(seq_dir)
+    ):
+        want_dir = expected_dir or "a sequence folder"
+        raise _refused(span, f"expected them in {want_dir}, found folder {seq_dir!r:.80}")
+    if results.rpartition("/")[2] != RESULTS_DIR or not _normal_folder(results):
+        raise _refused(span, f"expected an absolute <output>/{RESULTS_DIR}/ folder")
+    return results
+
+
+def has_store_mark(results: str, store_location: str) -> bool:
+    """Whether the results folder ``results`` holds the mark of the store (a regular file;
+    never a link)."""
+    try:
+        fs = open_storage(results)
+        path = fs.join(mark_name(store_location))
+        if isinstance(fs, LocalStorage):
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        return bool(fs.fs.isfile(path))
+    except (OSError, ValueError, ImportError):  # absent, unreachable, or no such filesystem
+        return False
+
+
+def span_check(store_location: str) -> Callable[[Manifest], None]:
+    """A manifest check (for ``CheckpointStore.verify``): the output span a commit names, if
+    any, is in the form linstream writes and in a results folder marked by this store."""
+    seen: dict[str, bool] = {}
+
+    def check(m: Manifest) -> None:
+        span = None if m.history is None else m.history.outputs
+        if span is None:
+            return
+        results = results_folder_of(span, m.seq_id)
+        if results not in seen:
+            seen[results] = has_store_mark(results, store_location)
+        if not seen[results]:
+            raise _refused(span, f"{results} is not marked as an output folder of this store")
+
+    return check
+
+
 class SpanWriter:
     """Writes, publishes, rolls forward and discards output spans under ``output``."""
 
-    def __init__(self, output: str, *, per_token: bool) -> None:
+    def __init__(self, output: str, *, per_token: bool, store_location: str | None = None) -> None:
         self.output = output
         self.per_token = per_token
         root = output.rstrip("/") + "/" + RESULTS_DIR
         self._fs = open_storage(root)
         self._made: set[str] = set()
+        #: ``CheckpointStore.location`` of the store whose commits name these spans: output
+        #: folders it marked are trusted besides this one (see `check`).
+        self.store_location = store_location
+        self._marked = False
+        self._trusted: set[str] = {self._url(self._fs.root)}
+
+    # -- which files a span may name -------------------------------------------------------
+    def _ensure_marked(self) -> None:
+        """Mark this output folder as one that jobs of the store write into (once)."""
+        if self._marked or self.store_location is None:
+            return
+        body = json.dumps({"store": self.store_location}).encode("utf-8") + b"\n"
+        self._fs.makedirs(self._fs.root)
+        self._fs.write_immutable(self._fs.join(mark_name(self.store_location)), body)
+        self._marked = True
+
+    def check(self, span: OutputSpan, seq_id: str | None = None) -> None:
+        """`CorruptCheckpointError` unless ``span`` (read from a manifest: untrusted) names
+        files of the form written here, in this job's results folder or in one that the
+        store marked (see the module docstring)."""
+        results = results_folder_of(span, seq_id)
+        if results in self._trusted:
+            self._ensure_marked()
+            return
+        if self.store_location is None or not has_store_mark(results, self.store_location):
+            why = f"{results} is neither this job's output folder nor one marked by this store"
+            raise _refused(span, why)
+        self._trusted.add(results)
 
     # -- names ----------------------------------------------------------------------------
     def _url(self, path: str) -> str:
@@ -116,6 +255,7 @@ class SpanWriter:
         sink = pa.BufferOutputStream()
         pq.write_table(spans_table(results, per_token=self.per_token), sink, use_dictionary=False)
         data = sink.getvalue()
+        self._ensure_marked()
         final, pending = self._names(seq_id, first, end)
         folder = final.rpartition("/")[0]
         if folder not in self._made:
@@ -139,6 +279,8 @@ class SpanWriter:
         Safe against another job publishing the same span at the same time (a resumed job
         rolling this commit forward while its own job still publishes it): the final name is
         only ever replaced atomically by a file with the span's bytes, never removed first."""
+        if not written:
+            self.check(span)
         fs, final = _storage_of(span.file)
         _, pending = _storage_of(span.pending)
         if not written:
@@ -185,11 +327,13 @@ class SpanWriter:
 
     def discard(self, span: OutputSpan) -> None:
         """A commit that did not happen: its pending file goes."""
+        self.check(span)
         fs, pending = _storage_of(span.pending)
         fs.remove(pending)
 
     def remove_published(self, span: OutputSpan) -> None:
         """The span of a commit that is being rolled back (its chunks are applied again)."""
+        self.check(span)
         fs, final = _storage_of(span.file)
         fs.remove(final)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import os
 import time
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ from linstream.state.sequence_state import SequenceState
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
 from .commit import StoreCommitChecks
-from .filesystems import open_storage
+from .filesystems import LocalStorage, open_storage
 from .listing import StoreListing
 from .manifest import History, Manifest, split_file_hash
 from .paths import data_name
@@ -92,6 +93,14 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.root!r}, keep={self.keep})"
+
+    @property
+    def location(self) -> str:
+        """The root as one canonical URL (a local root resolved to its real path): the name by
+        which output folders record that jobs of this store write into them."""
+        if isinstance(self._fs, LocalStorage):
+            return "file://" + os.path.realpath(self._fs.root)
+        return f"{self._fs.protocol}://{self._fs.root}"
 
     def exists(self) -> bool:
         """Whether the root folder exists (a store with no commit yet may not have one)."""

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable
 
 import numpy as np
 from linstream.state.codec import DigestHint, StateHeader, decode_with_header, digest_of_bytes
@@ -23,7 +24,11 @@ from .manifest import Manifest, split_file_hash
 from .paths import encode_seq_dir
 from .types import NO_HISTORY, Head
 
-__all__ = ["StoreRestore", "check_expected_shape"]
+__all__ = ["ManifestCheck", "StoreRestore", "check_expected_shape", "run_check"]
+
+#: A caller's own check of a commit manifest (e.g. that the output files it names are in a place
+#: the caller trusts): raises ``CorruptCheckpointError`` to refuse the commit.
+ManifestCheck = Callable[[Manifest], None]
 
 log = logging.getLogger("linstream.state")
 
@@ -50,6 +55,16 @@ def check_expected_shape(
         f"{diff or f'{len(shape)} dimensions (model {len(expected)})'}"
     )
     raise ShapeMismatchError(msg, path=path)
+
+
+def run_check(check: ManifestCheck | None, m: Manifest, path: str) -> None:
+    """Run a caller's ``check`` on the manifest at ``path``; its refusal names ``path``."""
+    if check is None:
+        return
+    try:
+        check(m)
+    except CheckpointError as ex:
+        raise ex.at(path) from None
 
 
 class StoreRestore(StoreLayout):
@@ -79,6 +94,7 @@ class StoreRestore(StoreLayout):
         fingerprint: str | None,
         fallback: bool = False,
         expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
     ) -> Head | None:
         """The newest commit of ``seq_id`` (its state and history), or None when it has none.
 
@@ -96,6 +112,9 @@ class StoreRestore(StoreLayout):
         ``NotARegularFileError``, a symbolic link ``UnsafePathError``, a state file that would
         decompress beyond what it holds ``StateBoundsError``, a commit of another shape than
         ``expected_shape`` ``ShapeMismatchError`` (from its manifest, before its data is read).
+        ``check``, when given, runs on each manifest that passed the others; what it refuses is
+        treated as corrupt, and a skipped commit it refused is listed without its manifest (so
+        that nothing it names is touched).
         """
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
@@ -107,6 +126,7 @@ class StoreRestore(StoreLayout):
                 # A commit of another shape is a ShapeMismatchError, raised from its manifest
                 # before its data file is read.
                 st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+                run_check(check, m, path)
             except CorruptCheckpointError as ex:
                 if not fallback:
                     raise
@@ -119,10 +139,7 @@ class StoreRestore(StoreLayout):
                     ex,
                 )
                 self.counters["fallbacks"] += 1
-                try:
-                    skipped.append((path, self._parse_commit(path, n, pos)))
-                except (CheckpointError, FileNotFoundError):
-                    skipped.append((path, None))
+                skipped.append((path, self._checked_or_none(path, n, pos, check)))
                 continue
             return Head(st, m.history or NO_HISTORY, path, tuple(skipped), newest)
         if first_error is not None:
@@ -152,11 +169,36 @@ class StoreRestore(StoreLayout):
         msg = f"no commit at position {position}"
         raise CorruptCheckpointError(msg, path=seq_dir)
 
-    def read_chain(self, seq_id: str, commit: int, *, fingerprint: str | None = None) -> Head:
-        """Commit number ``commit`` of ``seq_id``'s chain, with every restore check."""
+    def read_chain(
+        self,
+        seq_id: str,
+        commit: int,
+        *,
+        fingerprint: str | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """Commit number ``commit`` of ``seq_id``'s chain, with every restore check (and
+        ``check``, as in ``head``)."""
         path = self._cpath(self._seq_dir(seq_id), commit)
         st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+        run_check(check, m, path)
         return Head(st, m.history or NO_HISTORY, path, (), commit)
+
+    def _checked_or_none(
+        self, path: str, n: int | None, pos: int | None, check: ManifestCheck | None
+    ) -> Manifest | None:
+        """The manifest of a skipped commit, or None when it is unreadable or ``check``
+        refuses it (nothing it names may be touched then)."""
+        try:
+            m = self._parse_commit(path, n, pos)
+        except (CheckpointError, FileNotFoundError):
+            return None
+        try:
+            run_check(check, m, path)
+        except CheckpointError as ex:
+            log.warning("%s: %s", path, ex.reason)
+            return None
+        return m
 
     def _load(
         self,
