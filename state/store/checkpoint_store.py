@@ -2,9 +2,14 @@
 
 Layout under the root (a local path or any fsspec URL)::
 
-    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow      immutable data file (Arrow IPC)
-    ROOT/<seq folder>/<commit:020d>.commit.json                commit number n (format 2)
-    ROOT/<seq folder>/<position:020d>.manifest.json            a format-1 commit (read only)
+    ROOT/<seq folder>/<commit:020d>.commit.json        commit number n (format 2)
+    ROOT/<seq folder>/<position:020d>.<n:020d>.<sha256[:16]>.arrow
+                                                       its immutable data file (Arrow IPC)
+    ROOT/<seq folder>/<position:020d>.manifest.json    a format-1 commit (read only), whose
+    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow   data file has no commit number
+
+A data file belongs to one commit (its number is in the name): a writer that loses its commit
+removes its own data file, never one another commit names.
 
 ``<seq folder>`` is a safe, reversible encoding of the sequence id (``paths.encode_seq_dir``).
 A sequence's commits form a chain: commit n+1 names its parent's position and is created only
@@ -156,7 +161,7 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
                 fingerprint=st.fingerprint,
                 dtype=str(st.dtype),
                 shape=st.state_shape,
-                data_file=data_name(st.position, sha),
+                data_file=data_name(st.position, sha, history.commit),
                 size=buf.size,
                 sha256=sha,
                 digest=digest,

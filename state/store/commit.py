@@ -92,9 +92,9 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
                 "refused: another job advanced this sequence (one writer per sequence history)"
             )
             raise SupersededError(msg, path=self._cpath(seq_dir, mine.commit))
-        if existing.sha256 == ours.sha256 and existing.data_file == ours.data_file:
+        if existing.sha256 == ours.sha256:
             # A retried commit: make sure the data file is intact (repairs a lost or damaged one).
-            dpath = f"{seq_dir}/{ours.data_file}"
+            dpath = f"{seq_dir}/{existing.data_file}"
             try:
                 intact = hashlib.sha256(self._fs.read(dpath, ours.size)).hexdigest() == ours.sha256
             except FileNotFoundError:
