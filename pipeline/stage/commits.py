@@ -127,14 +127,15 @@ class Commits:
                 raise CheckpointError(msg)
             return None
         self.finalize_outputs(head.history)
+        # After a fallback the next commit goes above the unreadable ones (newest_commit).
+        meta.commit_no = max(head.history.commit, head.newest_commit)
         if self.spans is not None:
-            self.spans.remove_orphans(seq_id)
+            # Pending files of commits the history holds (by number, never by age).
+            self.spans.remove_orphans(seq_id, up_to_commit=meta.commit_no)
             for _path, skipped in head.skipped:  # rolled back: their chunks are applied again
                 if skipped is not None and skipped.history and skipped.history.outputs:
                     self.spans.remove_published(skipped.history.outputs)
         st = head.state
-        # After a fallback the next commit goes above the unreadable ones (newest_commit).
-        meta.commit_no = max(head.history.commit, head.newest_commit)
         meta.committed_next = st.next_chunk
         meta.committed_position = st.position
         meta.final_index = head.history.final_chunk
@@ -168,7 +169,9 @@ class Commits:
         if self.spans is not None:
             results = cells.held_outputs()
             if results:  # written while the commit's own files are (the commit waits for it)
-                span, writing = self.spans.write_pending_async(seq_id, results)
+                span, writing = self.spans.write_pending_async(
+                    seq_id, results, commit=meta.commit_no + 1
+                )
         history = History(
             meta.commit_no + 1,
             meta.committed_position,

@@ -15,7 +15,9 @@ A crash before 2 leaves a hidden orphan (the chunks are recomputed from the prev
 their span written again); a crash between 2 and 3 is rolled forward by the next job that
 restores the sequence, whatever its output folder, because the manifest names the files.  A
 commit that loses a race (a retried bundle, another job) discards its own pending file.  So the
-published files hold every committed chunk once.
+published files hold every committed chunk once.  The pending name carries the number of the
+commit it is written for: a job that restores the sequence into this folder removes orphans
+whose number the history already holds (ownership decides, never a file's age).
 
 A manifest is untrusted input, and so are the two names its span records.  Before any file a
 span names is read, published or removed, `check` confirms that both names have exactly the
@@ -35,7 +37,6 @@ import logging
 import os
 import re
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,9 @@ __all__ = [
 RESULTS_DIR = "results"
 _PENDING = ".pending-"
 _FINAL_RE = re.compile(r"([0-9]{12})-([0-9]{12})\.parquet")
-_PENDING_RE = re.compile(r"\.pending-([0-9]{12})-([0-9]{12})-(?:[0-9]{20}-)?[0-9a-f]{12}\.parquet")
+_PENDING_RE = re.compile(
+    r"\.pending-([0-9]{12})-([0-9]{12})-(?:([0-9]{20})-)?[0-9a-f]{12}\.parquet"
+)
 _SCHEME_RE = re.compile(r"([a-z][a-z0-9+.-]*)://")
 _MARK = ".linstream-store-"
 
@@ -229,21 +232,29 @@ class SpanWriter:
             return f"{self._fs.protocol}://{path}"
         return path
 
-    def _names(self, seq_id: str, first: int, end: int) -> tuple[str, str]:
+    def _names(self, seq_id: str, first: int, end: int, commit: int | None) -> tuple[str, str]:
         folder = self._fs.join(encode_seq_dir(seq_id))
         final = f"{folder}/{first:012d}-{end:012d}.parquet"
-        pending = f"{folder}/{_PENDING}{first:012d}-{end:012d}-{uuid.uuid4().hex[:12]}.parquet"
+        tag = "" if commit is None else f"{commit:020d}-"
+        pending = f"{folder}/{_PENDING}{first:012d}-{end:012d}-{tag}{uuid.uuid4().hex[:12]}.parquet"
         return final, pending
 
     # -- the commit protocol --------------------------------------------------------------
-    def write_pending(self, seq_id: str, results: list[ChunkResult]) -> OutputSpan:
-        """Step 1: the span of ``results`` (sorted, contiguous chunks) under a hidden name."""
-        span, writing = self.write_pending_async(seq_id, results)
+    def write_pending(
+        self, seq_id: str, results: list[ChunkResult], *, commit: int | None = None
+    ) -> OutputSpan:
+        """Step 1: the span of ``results`` (sorted, contiguous chunks) under a hidden name.
+
+        ``commit``: the number of the commit that is to name the span.  It is part of the
+        hidden name: the file belongs to that commit, and once the sequence's history holds
+        that number (whoever created it) a job that restores the sequence may remove the file
+        (see `remove_orphans`)."""
+        span, writing = self.write_pending_async(seq_id, results, commit=commit)
         writing.result()
         return span
 
     def write_pending_async(
-        self, seq_id: str, results: list[ChunkResult]
+        self, seq_id: str, results: list[ChunkResult], *, commit: int | None = None
     ) -> tuple[OutputSpan, Any]:
         """`write_pending`, with the file written and made durable in a thread: the span, and
         the write (its ``result()`` returns once the file is durable, or raises)."""
@@ -256,7 +267,7 @@ class SpanWriter:
         pq.write_table(spans_table(results, per_token=self.per_token), sink, use_dictionary=False)
         data = sink.getvalue()
         self._ensure_marked()
-        final, pending = self._names(seq_id, first, end)
+        final, pending = self._names(seq_id, first, end, commit)
         folder = final.rpartition("/")[0]
         if folder not in self._made:
             self._fs.makedirs(folder)
@@ -307,20 +318,25 @@ class SpanWriter:
         fs.remove(pending)
         return True
 
-    def remove_orphans(self, seq_id: str, *, older_than_s: float = 600.0) -> int:
-        """Remove the sequence's hidden pending files older than ``older_than_s`` seconds (left
-        by a job stopped before its commit: no commit names them, or their commit published
-        them).  Younger ones may belong to a commit in flight and stay."""
+    def remove_orphans(self, seq_id: str, *, up_to_commit: int) -> int:
+        """Remove the sequence's hidden pending files in this output folder that belong to a
+        commit numbered ``up_to_commit`` or lower: the sequence's history holds those numbers
+        already (its newest commit, ``up_to_commit``, was rolled forward first), so each such
+        file was published, or its writer lost that number or stopped before creating it.  A
+        writer still working on one will find its number taken and discard its span anyway.
+
+        Ownership alone decides, never a file's age: a writer paused for an hour, or one whose
+        clock is off, keeps the pending file of the commit it is about to create (a higher
+        number).  Files without a commit number (written before the number was in the name)
+        are left alone."""
         folder = self._fs.join(encode_seq_dir(seq_id))
-        now = time.time()
         removed = 0
         for name in self._fs.list_dir(folder):
-            if not name.startswith(_PENDING):
+            found = _PENDING_RE.fullmatch(name)
+            if found is None or found.group(3) is None or int(found.group(3)) > up_to_commit:
                 continue
-            mtime = self._fs.mtime(f"{folder}/{name}")
-            if mtime is not None and now - mtime >= older_than_s:
-                self._fs.remove(f"{folder}/{name}")
-                removed += 1
+            self._fs.remove(f"{folder}/{name}")
+            removed += 1
         if removed:
             _log.info("removed %d unfinished output files of sequence %r", removed, seq_id)
         return removed

@@ -7,12 +7,13 @@ the chosen step (see tests/helpers/fault_cli.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
 from _cli_helpers import linstream
 from _crash import embed_cmd, judge, reference_files
-from _frozen import Frozen
+from _frozen import Frozen, fault_env, with_faults
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
 
@@ -75,4 +76,52 @@ def test_a_late_fenced_writer_never_removes_the_winners_data_file(
     )
     assert c.returncode == 0, c.stderr[-3000:]
     verdict = judge(ref, [out_a, out_b, out_c])
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("how", ["aged-file", "skewed-clock"])
+def test_a_slow_writers_pending_output_is_never_removed_by_its_age(
+    how, tmp_path, one_sequence, tiny_model_path
+):
+    """Job A freezes between making its output span durable (a hidden pending file) and
+    creating the commit that names it.  Meanwhile the pending file is an hour old (aged by
+    hand, or seen by a job whose clock runs an hour ahead), and job B, writing into the same
+    output folder, restores the sequence (its input holds only chunks A already committed).  A
+    goes on and commits the span: its file must still be there, so that every chunk is in the
+    results once."""
+    inp, head, ref = one_sequence
+    ckpt = str(tmp_path / "ckpt")
+    out_a, out_c = str(tmp_path / "out-a"), str(tmp_path / "out-c")
+    out_b = out_a
+    flag = str(tmp_path / "frozen.json")
+    a = Frozen(
+        embed_cmd(tiny_model_path, inp, out_a, ckpt, "--checkpoint-every", "4"),
+        flag,
+        str(tmp_path / "a.log"),
+        freeze=f"before-commit:1:{flag}",
+    )
+    info = a.wait_frozen()
+    assert info["commit"] == 2 and os.path.exists(info["pending"]), info
+    faults = {}
+    if how == "aged-file":
+        os.utime(info["pending"], (os.path.getmtime(info["pending"]) - 3600,) * 2)
+    else:
+        faults["clock_skew_s"] = "3600"
+    b = subprocess.run(
+        with_faults(embed_cmd(tiny_model_path, head, out_b, ckpt, "--resume")),
+        capture_output=True,
+        text=True,
+        env=fault_env(**faults),
+    )
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "restores 1" in b.stdout, b.stdout  # B did restore the frozen writer's sequence
+    assert os.path.exists(info["pending"]), "B removed A's pending output"
+    rc_a = a.resume()
+    assert rc_a == 0, (tmp_path / "a.log").read_text()[-3000:]
+    _verify_clean(ckpt)
+    c = subprocess.run(
+        embed_cmd(tiny_model_path, inp, out_c, ckpt, "--resume"), capture_output=True, text=True
+    )
+    assert c.returncode == 0, c.stderr[-3000:]
+    verdict = judge(ref, [out_a, out_c])
     assert verdict.ok, str(verdict)
