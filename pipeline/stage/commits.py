@@ -198,9 +198,13 @@ class Commits:
         else:
             # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
             self._discard(span, writing)
-            kept = self.store.read_chain(
-                seq_id, history.commit, fingerprint=self.step.fingerprint, check=self._check
-            )
+            try:
+                kept = self.store.read_chain(
+                    seq_id, history.commit, fingerprint=self.step.fingerprint, check=self._check
+                )
+            except DivergentStateError as ex:  # gone: the other job moved on past it
+                meta.fenced = True
+                return st, ex
             self.finalize_outputs(kept.history)
             if outcome == CommitOutcome.DUPLICATE:
                 self.m.commit_duplicates.inc()

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 
 from linstream.state.codec import FORMAT_VERSION, MIN_READER_VERSION, encode_checked, tensor_ranges
-from linstream.state.errors import CorruptCheckpointError, NonFiniteStateError
+from linstream.state.errors import NonFiniteStateError
 from linstream.state.sequence_state import SequenceState
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
@@ -126,7 +126,8 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         Without ``history`` the commit continues the newest commit whose position is below
         ``st.position`` (or, when a commit at ``st.position`` exists, retries it), with no
         final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
-        nothing written), ``SupersededError`` (the commit number holds another history),
+        nothing written), ``SupersededError`` (the commit number holds another history, or it
+        was taken and then removed by retention: the history moved on past it),
         ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
         (the commit already there cannot be read to compare).  ``ready``, when given, returns
         once the other files the history names (its output span) are durable; it is called
@@ -190,9 +191,10 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
                 self._schedule_prune(seq_dir)
                 return CommitOutcome.COMMITTED
             existing = self._read_manifest_if_any(mpath, None)
-            if existing is None:  # pruned meanwhile: the commit is far behind the newest
-                msg = f"manifest {mpath} vanished while committing position {st.position}"
-                raise CorruptCheckpointError(msg, path=mpath)
+            if existing is None:  # pruned meanwhile: the history moved on past this number
+                self._fs.remove(f"{seq_dir}/{made[0].data_file}")  # ours: it names our number
+                newest = self._vanished(seq_dir, history.commit) or history.commit
+                raise self.moved_on(st.seq_id, history.commit, newest, mpath)
         manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
         dpath = f"{seq_dir}/{manifest.data_file}"
         try:

@@ -104,9 +104,7 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
                 self._fs.write_immutable(dpath, buf)
             return CommitOutcome.DUPLICATE
         where = f"sequence {st.seq_id!r} position {st.position}"
-        first, _ = self._load_file(
-            self._cpath(seq_dir, mine.commit), mine.commit, None, st.seq_id, None
-        )
+        first = self.read_chain(st.seq_id, mine.commit).state  # moved_on if pruned meanwhile
         if first.fingerprint != st.fingerprint:
             msg = (
                 f"{where}: already committed by another model (fingerprint "

@@ -15,13 +15,18 @@ from collections.abc import Callable
 
 import numpy as np
 from linstream.state.codec import DigestHint, StateHeader, decode_with_header, digest_of_bytes
-from linstream.state.errors import CheckpointError, CorruptCheckpointError, ShapeMismatchError
+from linstream.state.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+    SupersededError,
+)
 from linstream.state.sequence_state import SequenceState
 
 from .filesystems import in_thread
 from .layout import StoreLayout
 from .manifest import Manifest, split_file_hash
-from .paths import encode_seq_dir
+from .paths import commit_name, encode_seq_dir, parse_commit_name
 from .types import NO_HISTORY, Head
 
 __all__ = ["ManifestCheck", "StoreRestore", "check_expected_shape", "run_check"]
@@ -55,6 +60,14 @@ def check_expected_shape(
         f"{diff or f'{len(shape)} dimensions (model {len(expected)})'}"
     )
     raise ShapeMismatchError(msg, path=path)
+
+
+#: How many times `head` reads a sequence's commits when the commit it reads keeps vanishing.
+_REREADS = 5
+
+
+class _Vanished(Exception):
+    """A commit being read was removed meanwhile (another writer's retention): read again."""
 
 
 def run_check(check: ManifestCheck | None, m: Manifest, path: str) -> None:
@@ -115,7 +128,28 @@ class StoreRestore(StoreLayout):
         ``check``, when given, runs on each manifest that passed the others; what it refuses is
         treated as corrupt, and a skipped commit it refused is listed without its manifest (so
         that nothing it names is touched).
+
+        Another job may advance the sequence meanwhile, and its retention remove the commit
+        being read: a commit that vanished while it was read starts the reading over (a few
+        times), it is not reported as corrupt.
         """
+        for _attempt in range(_REREADS - 1):
+            try:
+                return self._head_once(seq_id, fingerprint, fallback, expected_shape, check)
+            except _Vanished:
+                continue
+        return self._head_once(seq_id, fingerprint, fallback, expected_shape, check, last=True)
+
+    def _head_once(
+        self,
+        seq_id: str,
+        fingerprint: str | None,
+        fallback: bool,
+        expected_shape: tuple[int, ...] | None,
+        check: ManifestCheck | None,
+        *,
+        last: bool = False,
+    ) -> Head | None:
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
         skipped: list[tuple[str, Manifest | None]] = []
@@ -128,6 +162,8 @@ class StoreRestore(StoreLayout):
                 st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
                 run_check(check, m, path)
             except CorruptCheckpointError as ex:
+                if not last and n is not None and self._vanished(seq_dir, n) is not None:
+                    raise _Vanished from ex
                 if not fallback:
                     raise
                 first_error = first_error or ex
@@ -179,10 +215,36 @@ class StoreRestore(StoreLayout):
     ) -> Head:
         """Commit number ``commit`` of ``seq_id``'s chain, with every restore check (and
         ``check``, as in ``head``)."""
-        path = self._cpath(self._seq_dir(seq_id), commit)
-        st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+        seq_dir = self._seq_dir(seq_id)
+        path = self._cpath(seq_dir, commit)
+        try:
+            st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+        except CorruptCheckpointError as ex:
+            newest = self._vanished(seq_dir, commit)
+            if newest is None or newest <= commit:
+                raise
+            raise self.moved_on(seq_id, commit, newest, path) from ex
         run_check(check, m, path)
         return Head(st, m.history or NO_HISTORY, path, (), commit)
+
+    def _vanished(self, seq_dir: str, number: int) -> int | None:
+        """None while commit ``number`` is in the folder; once it is not (retention removed
+        it, or it never was), the highest commit number there (0: none)."""
+        names = self._fs.list_dir(seq_dir)
+        if commit_name(number) in names:
+            return None
+        return max((n for n in map(parse_commit_name, names) if n is not None), default=0)
+
+    @staticmethod
+    def moved_on(seq_id: str, commit: int, newest: int, path: str) -> SupersededError:
+        """The refusal of a writer whose commit ``commit`` is gone because the history moved
+        on to ``newest`` (retention keeps only the newest commits)."""
+        msg = (
+            f"sequence {seq_id!r}: commit {commit} was removed while this writer used it: the "
+            f"history has moved on to commit {newest} (another job advanced this sequence; "
+            "one writer per sequence history)"
+        )
+        return SupersededError(msg, path=path)
 
     def _checked_or_none(
         self, path: str, n: int | None, pos: int | None, check: ManifestCheck | None
