@@ -191,6 +191,21 @@ class StoreRestore(StoreLayout):
         expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         """The commit of ``seq_id`` at ``position``, with every restore check."""
+        return self.read_position(
+            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape
+        ).state
+
+    def read_position(
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """The newest commit of ``seq_id`` at ``position`` (its state and history), with every
+        restore check (and ``check``, as in ``head``)."""
         seq_dir = self._seq_dir(seq_id)
         for path, n, pos in self._commit_files(seq_dir):
             if pos is not None and pos != position:
@@ -201,7 +216,9 @@ class StoreRestore(StoreLayout):
                         continue
                 except (CheckpointError, FileNotFoundError):
                     continue
-            return self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)[0]
+            st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+            run_check(check, m, path)
+            return Head(st, m.history or NO_HISTORY, path, (), n or 0)
         msg = f"no commit at position {position}"
         raise CorruptCheckpointError(msg, path=seq_dir)
 
