@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from _cli_helpers import linstream
 from _crash import embed_cmd, judge, reference_files
-from _frozen import Frozen
+from helpers.frozen import Frozen
 from helpers.store_faults import flip_bit
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file

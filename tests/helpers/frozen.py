@@ -1,5 +1,5 @@
-"""Run `linstream embed` with a fault injected (tests/helpers/fault_cli.py): freeze a job at a
-chosen step of its commit protocol, run other jobs meanwhile, then let it go on."""
+"""Run `linstream embed` with a fault injected (helpers/fault_cli.py): freeze a job at a chosen
+step of its commit protocol, run other jobs meanwhile, then let it go on (or kill it)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+__all__ = ["FAULT_CLI", "Frozen", "fault_env", "with_faults"]
 
 TESTS = str(Path(__file__).resolve().parents[1])
 FAULT_CLI = [sys.executable, "-m", "helpers.fault_cli"]
@@ -27,7 +29,8 @@ def fault_env(**faults: str) -> dict[str, str]:
 
 
 def with_faults(cmd: list[str]) -> list[str]:
-    """An `embed_cmd` command line run through `helpers.fault_cli` instead."""
+    """A ``python -m linstream.pipeline.app.cli ...`` command line run through
+    `helpers.fault_cli` instead."""
     assert cmd[1:3] == ["-m", "linstream.pipeline.app.cli"], cmd
     return [*FAULT_CLI, *cmd[3:]]
 
@@ -77,6 +80,20 @@ class Frozen:
     def resume(self, timeout: float = 300.0) -> int:
         """SIGCONT, then its exit status."""
         os.killpg(self.proc.pid, signal.SIGCONT)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            self._log.close()
+
+    def stop(self, sig: int, timeout: float = 120.0) -> int:
+        """Send ``sig`` to the frozen job (then SIGCONT, so that it can handle it, unless it is
+        SIGKILL); its exit status."""
+        os.killpg(self.proc.pid, sig)
+        if sig != signal.SIGKILL:
+            os.killpg(self.proc.pid, signal.SIGCONT)
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
