@@ -157,16 +157,21 @@ def results_folder_of(span: OutputSpan, seq_id: str | None = None) -> str:
     return results
 
 
-def has_store_mark(results: str, store_location: str) -> bool:
+def has_store_mark(results: str, store_location: str) -> bool | None:
     """Whether the results folder ``results`` holds the mark of the store (a regular file;
-    never a link)."""
+    never a link); None when there is no such folder at all (nothing there to touch)."""
     try:
         fs = open_storage(results)
         path = fs.join(mark_name(store_location))
         if isinstance(fs, LocalStorage):
-            return stat.S_ISREG(os.lstat(path).st_mode)
-        return bool(fs.fs.isfile(path))
-    except (OSError, ValueError, ImportError):  # absent, unreachable, or no such filesystem
+            try:
+                return stat.S_ISREG(os.lstat(path).st_mode)
+            except FileNotFoundError:
+                return None if not os.path.lexists(fs.root) else False
+        if fs.fs.isfile(path):
+            return True
+        return None if not fs.fs.exists(fs.root) else False
+    except (OSError, ValueError, ImportError):  # unreachable, or no such filesystem
         return False
 
 
@@ -181,7 +186,7 @@ def span_check(store_location: str) -> Callable[[Manifest], None]:
             return
         results = results_folder_of(span, m.seq_id)
         if results not in seen:
-            seen[results] = has_store_mark(results, store_location)
+            seen[results] = has_store_mark(results, store_location) is not False
         if not seen[results]:
             raise _refused(span, f"{results} is not marked as an output folder of this store")
 
@@ -213,18 +218,26 @@ class SpanWriter:
         self._fs.write_immutable(self._fs.join(mark_name(self.store_location)), body)
         self._marked = True
 
-    def check(self, span: OutputSpan, seq_id: str | None = None) -> None:
+    def check(self, span: OutputSpan, seq_id: str | None = None) -> bool:
         """`CorruptCheckpointError` unless ``span`` (read from a manifest: untrusted) names
         files of the form written here, in this job's results folder or in one that the
-        store marked (see the module docstring)."""
+        store marked (see the module docstring).  False (nothing to touch: its outputs are
+        lost) when its results folder does not exist at all, as after a user removed an old
+        output folder."""
         results = results_folder_of(span, seq_id)
         if results in self._trusted:
             self._ensure_marked()
-            return
-        if self.store_location is None or not has_store_mark(results, self.store_location):
+            return True
+        marked = (
+            None if self.store_location is None else has_store_mark(results, self.store_location)
+        )
+        if marked is None and (self.store_location is not None or not _exists(results)):
+            return False
+        if not marked:
             why = f"{results} is neither this job's output folder nor one marked by this store"
             raise _refused(span, why)
         self._trusted.add(results)
+        return True
 
     # -- names ----------------------------------------------------------------------------
     def _url(self, path: str) -> str:
@@ -290,8 +303,8 @@ class SpanWriter:
         Safe against another job publishing the same span at the same time (a resumed job
         rolling this commit forward while its own job still publishes it): the final name is
         only ever replaced atomically by a file with the span's bytes, never removed first."""
-        if not written:
-            self.check(span)
+        if not written and not self.check(span):
+            return False  # its folder is gone: nothing holds the span
         fs, final = _storage_of(span.file)
         _, pending = _storage_of(span.pending)
         if not written:
@@ -343,13 +356,15 @@ class SpanWriter:
 
     def discard(self, span: OutputSpan) -> None:
         """A commit that did not happen: its pending file goes."""
-        self.check(span)
+        if not self.check(span):
+            return
         fs, pending = _storage_of(span.pending)
         fs.remove(pending)
 
     def remove_published(self, span: OutputSpan) -> None:
         """The span of a commit that is being rolled back (its chunks are applied again)."""
-        self.check(span)
+        if not self.check(span):
+            return
         fs, final = _storage_of(span.file)
         fs.remove(final)
 
@@ -359,6 +374,16 @@ def _storage_of(url: str) -> tuple[Any, str]:
     folder, _, name = url.rpartition("/")
     storage = open_storage(folder)
     return storage, storage.join(name)
+
+
+def _exists(folder: str) -> bool:
+    try:
+        fs = open_storage(folder)
+        if isinstance(fs, LocalStorage):
+            return os.path.lexists(fs.root)
+        return bool(fs.fs.exists(fs.root))
+    except (OSError, ValueError, ImportError):
+        return True  # unknown: taken as there (and refused)
 
 
 def _has_bytes(fs: Any, path: str, span: OutputSpan) -> bool:

@@ -3,6 +3,7 @@ step of its commit protocol, run other jobs meanwhile, then let it go on (or kil
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -35,13 +36,25 @@ def with_faults(cmd: list[str]) -> list[str]:
     return [*FAULT_CLI, *cmd[3:]]
 
 
+#: Jobs started here and maybe still running or frozen: killed when the test process ends, so
+#: that a test failing half-way leaves no frozen process behind.
+_LIVE: set[Frozen] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for job in list(_LIVE):
+        job.kill()
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rpartition(")")[2].split()[0]
 
 
 class Frozen:
-    """A job started with ``LINSTREAM_FAULT_FREEZE``, waited for until it stops itself."""
+    """A job started with ``LINSTREAM_FAULT_FREEZE``, waited for until it stops itself.  Use it
+    as a context manager: leaving the block kills the job if it still runs (or is frozen)."""
 
     def __init__(self, cmd: list[str], flag: str, log: str, **faults: str) -> None:
         self.flag = flag
@@ -54,6 +67,7 @@ class Frozen:
             start_new_session=True,
         )
         self.info: dict[str, Any] = {}
+        _LIVE.add(self)
 
     def wait_frozen(self, timeout: float = 180.0) -> dict[str, Any]:
         """The flag's contents, once the process has stopped itself."""
@@ -107,3 +121,9 @@ class Frozen:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self._log.close()
+
+    def __enter__(self) -> Frozen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()  # a test that failed half-way leaves no frozen process behind

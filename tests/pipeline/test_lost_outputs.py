@@ -124,3 +124,24 @@ def test_lost_outputs_that_cannot_be_computed_again_are_named_with_the_way_back(
         embed_cmd(tiny_model_path, inp, fresh, str(tmp_path / "ckpt-new"), *EVERY), check=True
     )
     assert set(judge(ref, [fresh]).lost) == set()
+
+
+def test_an_output_folder_removed_as_a_whole_is_not_a_forgery(tmp_path, finished, tiny_model_path):
+    """The user removed the first job's whole output folder (its results kept elsewhere, say):
+    the commits naming it are not refused; the newest commit's chunks of each sequence are
+    computed again into the new output, and verify is clean."""
+    import shutil
+
+    inp, ref = finished
+    ckpt, out1, out2 = (str(tmp_path / n) for n in ("ckpt", "out1", "out2"))
+    subprocess.run(embed_cmd(tiny_model_path, inp, out1, ckpt, *EVERY), check=True)
+    shutil.rmtree(out1)
+    verify = linstream("checkpoint", "verify", ckpt)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    done = _resume(tiny_model_path, inp, out2, ckpt)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _said(done.stderr, SEQ, LOST, "again"), done.stderr[-3000:]
+    newest = {(s, i) for s in (SEQ, "seq-0001") for i in range(8, 12)}
+    verdict = judge(ref, [out2])
+    assert set(verdict.lost) == set(judge(ref, []).lost) - newest, str(verdict)
+    assert not (verdict.duplicated or verdict.mismatched or verdict.unexpected), str(verdict)
