@@ -303,15 +303,9 @@ class Commits:
 
 
 def _same_chunks(a: OutputSpan | None, b: OutputSpan | None) -> bool:
-    return (
-        a is not None
-        and b is not None
-        and (a.first_chunk, a.end_chunk)
-        == (
-            b.first_chunk,
-            b.end_chunk,
-        )
-    )
+    if a is None or b is None:
+        return False
+    return (a.first_chunk, a.end_chunk) == (b.first_chunk, b.end_chunk)
 
 
 def _join_quietly(writing: Any) -> None:

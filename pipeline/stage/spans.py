@@ -70,7 +70,6 @@ __all__ = [
 #: Sub-folder of a job's output folder that holds the result files.
 RESULTS_DIR = "results"
 _PENDING = ".pending-"
-_FINAL_RE = re.compile(r"([0-9]{12})-([0-9]{12})\.parquet")
 _PENDING_RE = re.compile(
     r"\.pending-([0-9]{12})-([0-9]{12})-(?:([0-9]{20})-)?[0-9a-f]{12}\.parquet"
 )

@@ -139,6 +139,7 @@ class Cell:
         self.rng = np.random.default_rng(seed)
         self.ckpt = self.url("ckpt")
         self.log = str(work / "jobs.log")
+        self.notes: list[str] = []  # what the fault did (the printed RESULT line)
 
     # -- places -------------------------------------------------------------------------
     def url(self, *parts: str) -> str:
@@ -236,6 +237,7 @@ def plain_stop(cell: Cell) -> Expect:
     job.wait_frozen()
     rc = job.stop(sig)
     assert rc != 0, f"the stopped job exited {rc}"
+    cell.notes.append(f"{signal.Signals(sig).name} {where} #{n}, exit {rc}")
     _ok(cell.run(out2, "--resume"))
     return Expect([out1, out2])
 
@@ -266,6 +268,7 @@ def frozen_writer(cell: Cell) -> Expect:
     _ok(cell.run(out_b, "--resume", "--checkpoint-every", "1"))
     rc = a.resume()
     assert rc == 0, f"the frozen job exited {rc} (see {cell.log})"
+    cell.notes.append(f"frozen before commit {a.info['commit']} of {a.info['seq_id']}")
     assert cell.verify().returncode == 0  # before anything repairs it
     _ok(cell.run(final, "--resume"))
     return Expect([out_a, out_b, final], no_orphans=True)
@@ -280,6 +283,7 @@ def skewed_clock(cell: Cell) -> Expect:
     b = cell.run(out_a, "--resume", inp=cell.inputs.head, clock_skew_s="3600")
     _ok(b)
     assert cell.exists(pending), "the job an hour ahead removed the frozen writer's output"
+    cell.notes.append(f"frozen before commit {info['commit']} of {info['seq_id']}")
     rc = a.resume()
     assert rc == 0, f"the frozen job exited {rc} (see {cell.log})"
     _ok(cell.run(final, "--resume"))
@@ -316,8 +320,10 @@ def damaged_file(cell: Cell) -> Expect:
     result = cell.url("out-1", "results", "q" + SEQ0, f"{first:012d}-{end:012d}.parquet")
     if cell.rng.random() < 0.5:
         cell.remove(result)
+        cell.notes.append("result file deleted")
     else:
         cell.flip(result)
+        cell.notes.append("result file damaged")
     newest = cell.newest(SEQ1)
     cell.flip(cell.store_url(newest.data_path))
     refused = cell.run(out2, "--resume")
@@ -356,4 +362,10 @@ def run_cell(cell: Cell, fault: str) -> list[str]:
         url, known = expect.outside
         if not cell.exists(url) or cell.read(url) != known:
             problems.append(f"{url} outside the store and outputs was changed or removed")
+    print(
+        f"RESULT {fault} ({'; '.join(cell.notes) or '-'}): {len(expect.outputs)} jobs' results, "
+        f"{verdict}, doubled as allowed {len(set(verdict.duplicated) & expect.may_double)}; "
+        f"verify named {len(bad)} of {len(expect.verify_bad)} damaged file(s); "
+        f"{len(problems)} problem(s)"
+    )
     return problems
