@@ -187,7 +187,12 @@ def span_check(store_location: str) -> Callable[[Manifest], None]:
         if results not in seen:
             seen[results] = has_store_mark(results, store_location) is not False
         if not seen[results]:
-            raise _refused(span, f"{results} is not marked as an output folder of this store")
+            why = (
+                f"{results} is not marked as an output folder of this store (a folder written by "
+                f"an earlier version is marked by one --resume with --output "
+                f"{results.rpartition('/')[0]})"
+            )
+            raise _refused(span, why)
 
     return check
 
@@ -233,7 +238,11 @@ class SpanWriter:
         if marked is None and (self.store_location is not None or not _exists(results)):
             return False
         if not marked:
-            why = f"{results} is neither this job's output folder nor one marked by this store"
+            why = (
+                f"{results} is neither this job's output folder nor one marked by this store "
+                f"(a folder written by an earlier version is marked by one --resume with "
+                f"--output {results.rpartition('/')[0]})"
+            )
             raise _refused(span, why)
         self._trusted.add(results)
         return True

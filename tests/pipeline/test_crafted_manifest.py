@@ -138,3 +138,41 @@ def test_a_forged_output_span_never_reaches_outside(case, tmp_path, finished, ti
         dead = [d for d in read_dead_letters(out2) if d["reason"] == "restore_failed"]
         assert dead and {d["seq_id"] for d in dead} == {SEQ}
         assert all("outside" in d["message"] for d in dead), dead[0]["message"]
+
+
+def test_an_output_folder_of_an_earlier_version_is_marked_by_one_resume_into_it(
+    tmp_path, finished, tiny_model_path
+):
+    """Results written before output folders were marked: a job with another --output refuses
+    the commits naming them and says how to mark the folder; one --resume into that folder
+    marks it, and from then on any --output works."""
+    inp, ref = finished
+    ckpt, out1, out2 = (str(tmp_path / n) for n in ("ckpt", "out1", "out2"))
+    subprocess.run(embed_cmd(tiny_model_path, inp, out1, ckpt, *EVERY), check=True)
+    results = os.path.join(out1, "results")
+    for name in os.listdir(results):
+        if name.startswith(".linstream-store-"):
+            os.remove(os.path.join(results, name))  # as an earlier version left it
+    verify = linstream("checkpoint", "verify", ckpt)
+    assert verify.returncode == 1 and f"--output {out1}" in verify.stdout, verify.stdout
+    refused = subprocess.run(
+        embed_cmd(tiny_model_path, inp, out2, ckpt, "--resume", *EVERY),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 3, refused.stderr[-3000:]
+    marking = subprocess.run(
+        embed_cmd(tiny_model_path, inp, out1, ckpt, "--resume", *EVERY),
+        capture_output=True,
+        text=True,
+    )
+    assert marking.returncode == 0, marking.stderr[-3000:]
+    assert linstream("checkpoint", "verify", ckpt).returncode == 0
+    again = subprocess.run(
+        embed_cmd(tiny_model_path, inp, out2, ckpt, "--resume", *EVERY),
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    verdict = judge(ref, [out1, out2])
+    assert verdict.ok, str(verdict)
