@@ -39,7 +39,9 @@ def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     inspect.set_defaults(func=cmd_inspect)
     verify = sub.add_parser(
-        "verify", help="check every commit; exit 1 listing each bad file and why"
+        "verify",
+        help="check every commit, and that the output files each names are where this store's "
+        "jobs write them; exit 1 listing each bad file and why",
     )
     verify.add_argument("root", metavar="ROOT", help="store root: a path or fsspec URL")
     verify.set_defaults(func=cmd_verify)
@@ -228,14 +230,17 @@ def cmd_gc(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 @_one_line_errors
 def cmd_verify(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Check every commit; print ``BAD path: error: reason`` lines and return 1 if any."""
+    """Check every commit (and the output files it names: their form, and that their folder
+    is one this store's jobs marked as theirs); print ``BAD path: error: reason`` lines and
+    return 1 if any."""
+    from linstream.pipeline.stage.spans import span_check
     from linstream.state import CheckpointError
 
     out = out or sys.stdout
     store = _open(args.root, sys.stderr)
     if store is None:
         return 2
-    problems = store.verify()
+    problems = store.verify(check=span_check(store.location))
     n_commits = 0
     for seq_id in store.sequences():
         try:

@@ -2,9 +2,14 @@
 
 Layout under the root (a local path or any fsspec URL)::
 
-    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow      immutable data file (Arrow IPC)
-    ROOT/<seq folder>/<commit:020d>.commit.json                commit number n (format 2)
-    ROOT/<seq folder>/<position:020d>.manifest.json            a format-1 commit (read only)
+    ROOT/<seq folder>/<commit:020d>.commit.json        commit number n (format 2)
+    ROOT/<seq folder>/<position:020d>.<n:020d>.<sha256[:16]>.arrow
+                                                       its immutable data file (Arrow IPC)
+    ROOT/<seq folder>/<position:020d>.manifest.json    a format-1 commit (read only), whose
+    ROOT/<seq folder>/<position:020d>.<sha256[:16]>.arrow   data file has no commit number
+
+A data file belongs to one commit (its number is in the name): a writer that loses its commit
+removes its own data file, never one another commit names.
 
 ``<seq folder>`` is a safe, reversible encoding of the sequence id (``paths.encode_seq_dir``).
 A sequence's commits form a chain: commit n+1 names its parent's position and is created only
@@ -31,16 +36,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import os
 import time
 from collections.abc import Callable
 
 from linstream.state.codec import FORMAT_VERSION, MIN_READER_VERSION, encode_checked, tensor_ranges
-from linstream.state.errors import CorruptCheckpointError, NonFiniteStateError
+from linstream.state.errors import NonFiniteStateError
 from linstream.state.sequence_state import SequenceState
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
 from .commit import StoreCommitChecks
-from .filesystems import open_storage
+from .filesystems import LocalStorage, open_storage
 from .listing import StoreListing
 from .manifest import History, Manifest, split_file_hash
 from .paths import data_name
@@ -93,6 +99,14 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
     def __repr__(self) -> str:
         return f"CheckpointStore({self.root!r}, keep={self.keep})"
 
+    @property
+    def location(self) -> str:
+        """The root as one canonical URL (a local root resolved to its real path): the name by
+        which output folders record that jobs of this store write into them."""
+        if isinstance(self._fs, LocalStorage):
+            return "file://" + os.path.realpath(self._fs.root)
+        return f"{self._fs.protocol}://{self._fs.root}"
+
     def exists(self) -> bool:
         """Whether the root folder exists (a store with no commit yet may not have one)."""
         return self._fs.is_dir(self._fs.root)
@@ -112,7 +126,8 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         Without ``history`` the commit continues the newest commit whose position is below
         ``st.position`` (or, when a commit at ``st.position`` exists, retries it), with no
         final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
-        nothing written), ``SupersededError`` (the commit number holds another history),
+        nothing written), ``SupersededError`` (the commit number holds another history, or it
+        was taken and then removed by retention: the history moved on past it),
         ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
         (the commit already there cannot be read to compare).  ``ready``, when given, returns
         once the other files the history names (its output span) are durable; it is called
@@ -147,7 +162,7 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
                 fingerprint=st.fingerprint,
                 dtype=str(st.dtype),
                 shape=st.state_shape,
-                data_file=data_name(st.position, sha),
+                data_file=data_name(st.position, sha, history.commit),
                 size=buf.size,
                 sha256=sha,
                 digest=digest,
@@ -176,9 +191,10 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
                 self._schedule_prune(seq_dir)
                 return CommitOutcome.COMMITTED
             existing = self._read_manifest_if_any(mpath, None)
-            if existing is None:  # pruned meanwhile: the commit is far behind the newest
-                msg = f"manifest {mpath} vanished while committing position {st.position}"
-                raise CorruptCheckpointError(msg, path=mpath)
+            if existing is None:  # pruned meanwhile: the history moved on past this number
+                self._fs.remove(f"{seq_dir}/{made[0].data_file}")  # ours: it names our number
+                newest = self._vanished(seq_dir, history.commit) or history.commit
+                raise self.moved_on(st.seq_id, history.commit, newest, mpath)
         manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
         dpath = f"{seq_dir}/{manifest.data_file}"
         try:

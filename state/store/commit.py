@@ -92,9 +92,9 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
                 "refused: another job advanced this sequence (one writer per sequence history)"
             )
             raise SupersededError(msg, path=self._cpath(seq_dir, mine.commit))
-        if existing.sha256 == ours.sha256 and existing.data_file == ours.data_file:
+        if existing.sha256 == ours.sha256:
             # A retried commit: make sure the data file is intact (repairs a lost or damaged one).
-            dpath = f"{seq_dir}/{ours.data_file}"
+            dpath = f"{seq_dir}/{existing.data_file}"
             try:
                 intact = hashlib.sha256(self._fs.read(dpath, ours.size)).hexdigest() == ours.sha256
             except FileNotFoundError:
@@ -104,9 +104,7 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
                 self._fs.write_immutable(dpath, buf)
             return CommitOutcome.DUPLICATE
         where = f"sequence {st.seq_id!r} position {st.position}"
-        first, _ = self._load_file(
-            self._cpath(seq_dir, mine.commit), mine.commit, None, st.seq_id, None
-        )
+        first = self.read_chain(st.seq_id, mine.commit).state  # moved_on if pruned meanwhile
         if first.fingerprint != st.fingerprint:
             msg = (
                 f"{where}: already committed by another model (fingerprint "

@@ -446,13 +446,24 @@ class FsspecStorage:
             return False
 
     def read(self, path: str, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes, in one ranged request (``cat_file``: no read-ahead
+        buffer, whose background fetch would log an error with a traceback when another job
+        removes the object meanwhile; here that is a plain ``FileNotFoundError``)."""
         try:
-            f = self.fs.open(path, "rb")
+            if limit < 0:
+                return bytes(self.fs.cat_file(path))
+            return bytes(self.fs.cat_file(path, start=0, end=limit + 1))
         except IsADirectoryError as ex:
             msg = "expected a regular file, found a directory"
             raise NotARegularFileError(msg, path=path) from ex
-        with f:
-            return bytes(f.read(limit + 1))
+        except FileNotFoundError:
+            raise
+        except OSError:
+            # S3 refuses any range of an empty object (416); other errors stand.
+            with contextlib.suppress(OSError):
+                if self.fs.size(path) == 0:
+                    return b""
+            raise
 
     def size(self, path: str) -> int:
         return int(self.fs.size(path))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from linstream.state.errors import CheckpointError
 
 from .paths import TMP_PREFIX, decode_seq_dir, encode_seq_dir, parse_data_name
-from .restore import StoreRestore
+from .restore import ManifestCheck, StoreRestore, run_check
 from .retention import StoreRetention
 from .types import CheckpointProblem, CommitInfo
 
@@ -75,8 +75,10 @@ class StoreListing(StoreRestore, StoreRetention):
             )
         return out
 
-    def verify(self) -> list[CheckpointProblem]:
-        """Run every restore check (except the expected fingerprint) on every commit."""
+    def verify(self, check: ManifestCheck | None = None) -> list[CheckpointProblem]:
+        """Run every restore check (except the expected fingerprint) on every commit, and
+        ``check`` (see ``head``) on every manifest that can be parsed, whether or not its data
+        file passes (a commit can have two problems)."""
         problems = []
         for name in self._seq_dirs():
             seq_dir = self._fs.join(name)
@@ -92,6 +94,16 @@ class StoreListing(StoreRestore, StoreRetention):
                     problems.append(
                         CheckpointProblem(ex.path or path, ex.reason, type(ex).__name__)
                     )
+                if check is None:
+                    continue
+                try:
+                    m = self._parse_commit(path, n, pos)
+                except (CheckpointError, FileNotFoundError):
+                    continue  # reported by the load above
+                try:
+                    run_check(check, m, path)
+                except CheckpointError as ex:
+                    problems.append(CheckpointProblem(path, ex.reason, type(ex).__name__))
         return problems
 
     def orphans(self) -> list[str]:

@@ -34,7 +34,7 @@ from typing import Any
 from linstream.state.codec import check_format_version
 from linstream.state.errors import CorruptCheckpointError, UnsupportedFormatVersionError
 
-from .paths import data_name, parse_data_name
+from .paths import data_name, data_name_commit, parse_data_name
 from .safe_json import UnsafeJSONError, loads_bounded
 
 __all__ = [
@@ -202,8 +202,9 @@ class Manifest:
         if not _HEX64.fullmatch(m.sha256):
             msg = "field 'sha256': expected 64 lowercase hex digits"
             raise bad(msg)
+        named_commit = data_name_commit(m.data_file)
         if parse_data_name(m.data_file) != m.position or m.data_file != data_name(
-            m.position, m.sha256
+            m.position, m.sha256, named_commit
         ):
             msg = f"field 'data_file': unexpected name {m.data_file!r:.80}"
             raise bad(msg)
@@ -238,6 +239,9 @@ class Manifest:
             m = replace(m, tensor_ranges=(s_off, s_len, z_off, z_len), split_sha256=split)
         if "history" in obj or "check" in obj or m.format_version >= 2:
             m = replace(m, history=_parse_history(obj, m, bad))
+        if named_commit is not None and (m.history is None or m.history.commit != named_commit):
+            msg = f"field 'data_file': {m.data_file!r:.80} names another commit"
+            raise bad(msg)
         return m
 
 

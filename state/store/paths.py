@@ -18,6 +18,7 @@ __all__ = [
     "TMP_PREFIX",
     "commit_name",
     "data_name",
+    "data_name_commit",
     "decode_seq_dir",
     "encode_seq_dir",
     "manifest_name",
@@ -35,7 +36,7 @@ _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789.-")
 _MAX_NAME = 200
 _MANIFEST_RE = re.compile(r"([0-9]{20})\.manifest\.json")
 _COMMIT_RE = re.compile(r"([0-9]{20})\.commit\.json")
-_DATA_RE = re.compile(r"([0-9]{20})\.([0-9a-f]{16})\.arrow")
+_DATA_RE = re.compile(r"([0-9]{20})\.(?:([0-9]{20})\.)?([0-9a-f]{16})\.arrow")
 _ESCAPED_RE = re.compile(r"q(?:[a-z0-9.-]|_[0-9a-f]{2})*")
 
 
@@ -76,8 +77,17 @@ def manifest_name(position: int) -> str:
     return f"{position:020d}{MANIFEST_SUFFIX}"
 
 
-def data_name(position: int, file_sha256: str) -> str:
-    return f"{position:020d}.{file_sha256[:16]}{DATA_SUFFIX}"
+def data_name(position: int, file_sha256: str, commit: int | None = None) -> str:
+    """The data file of a commit at ``position`` whose bytes hash to ``file_sha256``.
+
+    Format-2 commits name the commit number too: two writers' commits of one state at one
+    position (a twin job, a late writer) then never share a file, so a writer that loses its
+    commit can remove its own data file without removing the winner's.  Format 1 (and commits
+    made before the number was in the name) used position and hash alone.
+    """
+    if commit is None:
+        return f"{position:020d}.{file_sha256[:16]}{DATA_SUFFIX}"
+    return f"{position:020d}.{commit:020d}.{file_sha256[:16]}{DATA_SUFFIX}"
 
 
 def parse_manifest_name(name: str) -> int | None:
@@ -86,8 +96,15 @@ def parse_manifest_name(name: str) -> int | None:
 
 
 def parse_data_name(name: str) -> int | None:
+    """The position in a data file name (None: not a data file name)."""
     m = _DATA_RE.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+def data_name_commit(name: str) -> int | None:
+    """The commit number in a data file name (None: a name without one, or no data file)."""
+    m = _DATA_RE.fullmatch(name)
+    return int(m.group(2)) if m and m.group(2) else None
 
 
 def commit_name(commit: int) -> str:

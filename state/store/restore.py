@@ -11,19 +11,29 @@ import contextlib
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable
 
 import numpy as np
 from linstream.state.codec import DigestHint, StateHeader, decode_with_header, digest_of_bytes
-from linstream.state.errors import CheckpointError, CorruptCheckpointError, ShapeMismatchError
+from linstream.state.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+    SupersededError,
+)
 from linstream.state.sequence_state import SequenceState
 
 from .filesystems import in_thread
 from .layout import StoreLayout
 from .manifest import Manifest, split_file_hash
-from .paths import encode_seq_dir
+from .paths import commit_name, encode_seq_dir, parse_commit_name
 from .types import NO_HISTORY, Head
 
-__all__ = ["StoreRestore", "check_expected_shape"]
+__all__ = ["ManifestCheck", "StoreRestore", "check_expected_shape", "run_check"]
+
+#: A caller's own check of a commit manifest (e.g. that the output files it names are in a place
+#: the caller trusts): raises ``CorruptCheckpointError`` to refuse the commit.
+ManifestCheck = Callable[[Manifest], None]
 
 log = logging.getLogger("linstream.state")
 
@@ -50,6 +60,24 @@ def check_expected_shape(
         f"{diff or f'{len(shape)} dimensions (model {len(expected)})'}"
     )
     raise ShapeMismatchError(msg, path=path)
+
+
+#: How many times `head` reads a sequence's commits when the commit it reads keeps vanishing.
+_REREADS = 5
+
+
+class _Vanished(Exception):
+    """A commit being read was removed meanwhile (another writer's retention): read again."""
+
+
+def run_check(check: ManifestCheck | None, m: Manifest, path: str) -> None:
+    """Run a caller's ``check`` on the manifest at ``path``; its refusal names ``path``."""
+    if check is None:
+        return
+    try:
+        check(m)
+    except CheckpointError as ex:
+        raise ex.at(path) from None
 
 
 class StoreRestore(StoreLayout):
@@ -79,6 +107,7 @@ class StoreRestore(StoreLayout):
         fingerprint: str | None,
         fallback: bool = False,
         expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
     ) -> Head | None:
         """The newest commit of ``seq_id`` (its state and history), or None when it has none.
 
@@ -96,7 +125,31 @@ class StoreRestore(StoreLayout):
         ``NotARegularFileError``, a symbolic link ``UnsafePathError``, a state file that would
         decompress beyond what it holds ``StateBoundsError``, a commit of another shape than
         ``expected_shape`` ``ShapeMismatchError`` (from its manifest, before its data is read).
+        ``check``, when given, runs on each manifest that passed the others; what it refuses is
+        treated as corrupt, and a skipped commit it refused is listed without its manifest (so
+        that nothing it names is touched).
+
+        Another job may advance the sequence meanwhile, and its retention remove the commit
+        being read: a commit that vanished while it was read starts the reading over (a few
+        times), it is not reported as corrupt.
         """
+        for _attempt in range(_REREADS - 1):
+            try:
+                return self._head_once(seq_id, fingerprint, fallback, expected_shape, check)
+            except _Vanished:
+                continue
+        return self._head_once(seq_id, fingerprint, fallback, expected_shape, check, last=True)
+
+    def _head_once(
+        self,
+        seq_id: str,
+        fingerprint: str | None,
+        fallback: bool,
+        expected_shape: tuple[int, ...] | None,
+        check: ManifestCheck | None,
+        *,
+        last: bool = False,
+    ) -> Head | None:
         seq_dir = self._seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
         skipped: list[tuple[str, Manifest | None]] = []
@@ -107,7 +160,10 @@ class StoreRestore(StoreLayout):
                 # A commit of another shape is a ShapeMismatchError, raised from its manifest
                 # before its data file is read.
                 st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+                run_check(check, m, path)
             except CorruptCheckpointError as ex:
+                if not last and n is not None and self._vanished(seq_dir, n) is not None:
+                    raise _Vanished from ex
                 if not fallback:
                     raise
                 first_error = first_error or ex
@@ -119,10 +175,7 @@ class StoreRestore(StoreLayout):
                     ex,
                 )
                 self.counters["fallbacks"] += 1
-                try:
-                    skipped.append((path, self._parse_commit(path, n, pos)))
-                except (CheckpointError, FileNotFoundError):
-                    skipped.append((path, None))
+                skipped.append((path, self._checked_or_none(path, n, pos, check)))
                 continue
             return Head(st, m.history or NO_HISTORY, path, tuple(skipped), newest)
         if first_error is not None:
@@ -138,6 +191,21 @@ class StoreRestore(StoreLayout):
         expected_shape: tuple[int, ...] | None = None,
     ) -> SequenceState:
         """The commit of ``seq_id`` at ``position``, with every restore check."""
+        return self.read_position(
+            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape
+        ).state
+
+    def read_position(
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """The newest commit of ``seq_id`` at ``position`` (its state and history), with every
+        restore check (and ``check``, as in ``head``)."""
         seq_dir = self._seq_dir(seq_id)
         for path, n, pos in self._commit_files(seq_dir):
             if pos is not None and pos != position:
@@ -148,15 +216,68 @@ class StoreRestore(StoreLayout):
                         continue
                 except (CheckpointError, FileNotFoundError):
                     continue
-            return self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)[0]
+            st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+            run_check(check, m, path)
+            return Head(st, m.history or NO_HISTORY, path, (), n or 0)
         msg = f"no commit at position {position}"
         raise CorruptCheckpointError(msg, path=seq_dir)
 
-    def read_chain(self, seq_id: str, commit: int, *, fingerprint: str | None = None) -> Head:
-        """Commit number ``commit`` of ``seq_id``'s chain, with every restore check."""
-        path = self._cpath(self._seq_dir(seq_id), commit)
-        st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+    def read_chain(
+        self,
+        seq_id: str,
+        commit: int,
+        *,
+        fingerprint: str | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """Commit number ``commit`` of ``seq_id``'s chain, with every restore check (and
+        ``check``, as in ``head``)."""
+        seq_dir = self._seq_dir(seq_id)
+        path = self._cpath(seq_dir, commit)
+        try:
+            st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+        except CorruptCheckpointError as ex:
+            newest = self._vanished(seq_dir, commit)
+            if newest is None or newest <= commit:
+                raise
+            raise self.moved_on(seq_id, commit, newest, path) from ex
+        run_check(check, m, path)
         return Head(st, m.history or NO_HISTORY, path, (), commit)
+
+    def _vanished(self, seq_dir: str, number: int) -> int | None:
+        """None while commit ``number`` is in the folder; once it is not (retention removed
+        it, or it never was), the highest commit number there (0: none)."""
+        names = self._fs.list_dir(seq_dir)
+        if commit_name(number) in names:
+            return None
+        return max((n for n in map(parse_commit_name, names) if n is not None), default=0)
+
+    @staticmethod
+    def moved_on(seq_id: str, commit: int, newest: int, path: str) -> SupersededError:
+        """The refusal of a writer whose commit ``commit`` is gone because the history moved
+        on to ``newest`` (retention keeps only the newest commits)."""
+        msg = (
+            f"sequence {seq_id!r}: commit {commit} was removed while this writer used it: the "
+            f"history has moved on to commit {newest} (another job advanced this sequence; "
+            "one writer per sequence history)"
+        )
+        return SupersededError(msg, path=path)
+
+    def _checked_or_none(
+        self, path: str, n: int | None, pos: int | None, check: ManifestCheck | None
+    ) -> Manifest | None:
+        """The manifest of a skipped commit, or None when it is unreadable or ``check``
+        refuses it (nothing it names may be touched then)."""
+        try:
+            m = self._parse_commit(path, n, pos)
+        except (CheckpointError, FileNotFoundError):
+            return None
+        try:
+            run_check(check, m, path)
+        except CheckpointError as ex:
+            log.warning("%s: %s", path, ex.reason)
+            return None
+        return m
 
     def _load(
         self,

@@ -10,7 +10,7 @@ import logging
 from linstream.state.errors import CheckpointError
 
 from .layout import StoreLayout
-from .paths import parse_data_name
+from .paths import data_name_commit, parse_data_name
 
 __all__ = ["StoreRetention"]
 
@@ -71,16 +71,30 @@ class StoreRetention(StoreLayout):
             with contextlib.suppress(CheckpointError, FileNotFoundError):
                 kept_data.add(self._parse_commit(path, n, pos).data_file)
         doomed_positions: set[int] = set()
+        doomed_data: set[str] = set()
         for path, n, pos in reversed(doomed):
             if pos is not None:
                 doomed_positions.add(pos)
             else:
                 with contextlib.suppress(CheckpointError, FileNotFoundError):
-                    doomed_positions.add(self._parse_commit(path, n, pos).position)
+                    m = self._parse_commit(path, n, pos)
+                    doomed_positions.add(m.position)
+                    doomed_data.add(m.data_file)
             self._fs.remove(path)
             removed.append(path)
+        # Data files go by ownership, as the chain says: those the removed commits named, those
+        # of commit numbers up to the highest removed one (writers that lost those numbers, or
+        # crashed before creating them: any writer still after one is refused), and files
+        # without a number (format 1) at a removed position.  Never a kept commit's file.
+        last = max((n for _, n, _ in doomed if n is not None), default=0)
         for name in names:
-            if parse_data_name(name) in doomed_positions and name not in kept_data:
+            number = data_name_commit(name)
+            ours = (
+                name in doomed_data
+                or (number is not None and number <= last)
+                or (number is None and parse_data_name(name) in doomed_positions)
+            )
+            if ours and name not in kept_data:
                 self._fs.remove(f"{seq_dir}/{name}")
                 removed.append(f"{seq_dir}/{name}")
         return removed

@@ -8,11 +8,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.parquet as pq
+from helpers.outputs import Verdict, judge, result_rows
+
+__all__ = [
+    "LINSTREAM",
+    "Stop",
+    "Verdict",
+    "crash_and_resume",
+    "embed_cmd",
+    "judge",
+    "recomputed_after",
+    "reference_files",
+    "result_rows",
+    "run_until",
+]
 
 LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
@@ -35,62 +47,6 @@ def embed_cmd(model: str, inp: str, out: str, ckpt: str, *extra: str) -> list[st
         "0",
         *extra,
     ]
-
-
-def result_rows(output: str) -> list[tuple[tuple[str, int], int, bytes]]:
-    """Every row of every published result file under ``output``: (key, start, vector bytes)."""
-    rows = []
-    root = os.path.join(output, "results")
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        for name in sorted(files):
-            if name.startswith((".", "_")):
-                continue
-            table = pq.read_table(os.path.join(folder, name))
-            col = "embeddings" if "embeddings" in table.column_names else "embedding"
-            values = table.column(col).to_pylist()
-            for s, i, p, v in zip(
-                table.column("seq_id").to_pylist(),
-                table.column("chunk_index").to_pylist(),
-                table.column("start_position").to_pylist(),
-                values,
-                strict=True,
-            ):
-                rows.append(((s, int(i)), int(p), np.asarray(v, np.float32).tobytes()))
-    return rows
-
-
-@dataclass
-class Verdict:
-    """How the union of all jobs' outputs compares with one uninterrupted run."""
-
-    lost: list[tuple[str, int]] = field(default_factory=list)
-    duplicated: list[tuple[str, int]] = field(default_factory=list)
-    mismatched: list[tuple[str, int]] = field(default_factory=list)
-    unexpected: list[tuple[str, int]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.mismatched or self.unexpected)
-
-    def __str__(self) -> str:
-        return (
-            f"lost {len(self.lost)}, duplicated {len(self.duplicated)}, mismatched "
-            f"{len(self.mismatched)}, unexpected {len(self.unexpected)} "
-            f"(first: {(self.lost + self.duplicated + self.mismatched + self.unexpected)[:5]})"
-        )
-
-
-def judge(reference_out: str, outputs: list[str]) -> Verdict:
-    ref = {k: (p, v) for k, p, v in result_rows(reference_out)}
-    rows = [r for out in outputs for r in result_rows(out)]
-    counts = Counter(k for k, _, _ in rows)
-    verdict = Verdict()
-    verdict.duplicated = sorted(k for k, n in counts.items() if n > 1)
-    verdict.lost = sorted(set(ref) - set(counts))
-    verdict.unexpected = sorted(set(counts) - set(ref))
-    verdict.mismatched = sorted({k for k, p, v in rows if k in ref and ref[k] != (p, v)})
-    return verdict
 
 
 @dataclass
