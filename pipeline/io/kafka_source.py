@@ -8,8 +8,9 @@ it Beam downloads its expansion-service jar), and it runs in a Java SDK harness 
 `--default_environment_type` chooses: DOCKER (Java's default), PROCESS, EXTERNAL, or EMBEDDED
 (inside the runner's own JVM, as Beam's Flink job server runs it: no Docker).
 
-Where a resumed job starts reading: at the oldest message the topic still holds.  The source
-commits no consumer offsets (neither Kafka's auto-commit nor Beam's commit on finalize): an
+Where a resumed job starts reading: at the oldest message the topic still holds (with no
+consumer group, the default; a `--kafka_group_id` whose offsets other consumers committed starts
+there instead).  The source commits no consumer offsets (neither Kafka's auto-commit nor Beam's commit on finalize): an
 offset committed for a read message can run ahead of the checkpoint commit that covers its
 chunk, so a job resumed from committed offsets could skip chunks that no checkpoint holds.  The
 checkpoint store is where a resumed job continues: it reads the topic again and the stateful
@@ -68,13 +69,15 @@ def kafka_read_transform(config: StreamConfig) -> Any:
     from apache_beam.io.kafka import ReadFromKafka
 
     topics = [t.strip() for t in str(config.kafka_topic).split(",") if t.strip()]
+    consumer = {
+        "bootstrap.servers": str(config.kafka_bootstrap),
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": "false",
+    }
+    if config.kafka_group_id:
+        consumer["group.id"] = str(config.kafka_group_id)
     return ReadFromKafka(
-        consumer_config={
-            "bootstrap.servers": str(config.kafka_bootstrap),
-            "group.id": str(config.kafka_group_id or "linstream"),
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": "false",
-        },
+        consumer_config=consumer,
         topics=topics,
         commit_offset_in_finalize=False,
         expansion_service=config.kafka_expansion_service,
