@@ -10,13 +10,13 @@ it Beam downloads its expansion-service jar), and it runs in a Java SDK harness 
 
 Where a resumed job starts reading: at the oldest message the topic still holds (with no
 consumer group, the default; a `--kafka_group_id` whose offsets other consumers committed starts
-there instead).  The source commits no consumer offsets (neither Kafka's auto-commit nor Beam's commit on finalize): an
-offset committed for a read message can run ahead of the checkpoint commit that covers its
-chunk, so a job resumed from committed offsets could skip chunks that no checkpoint holds.  The
-checkpoint store is where a resumed job continues: it reads the topic again and the stateful
-stage skips every chunk its sequences' checkpoints hold (counted as duplicates), so a resume
-costs a read of the retained messages, never a chunk.  Size the topic's retention to what a
-resume may need to read again.
+there instead).  The source commits no consumer offsets (neither Kafka's auto-commit nor Beam's
+commit on finalize): an offset committed for a read message can run ahead of the checkpoint
+commit that covers its chunk, so a job resumed from committed offsets could skip chunks that no
+checkpoint holds.  The checkpoint store is where a resumed job continues: it reads the topic
+again and the stateful stage skips every chunk its sequences' checkpoints hold (counted as
+duplicates), so a resume costs a read of the retained messages, never a chunk.  Size the
+topic's retention to what a resume may need to read again.
 
 Element timestamps are the consumer's processing time (`ReadFromKafka`'s default policy): the
 stage's idle timer (event time) fires about `--idle-timeout` seconds after a sequence's last

@@ -248,7 +248,8 @@ def decode_message(
     try:
         fmt = _format_of(data, content_type)
         chunks = _decode_json(data, key) if fmt == "json" else _decode_arrow(data, key)
-    except BadMessage:
+    except BadMessage as bad:
+        bad.seq_id = bad.seq_id or key or ""  # the dead letter names the key's sequence
         raise
     except Exception as ex:  # anything else a hostile message can provoke is its fault too
         msg = f"could not decode ({type(ex).__name__}: {str(ex)[:120]}): {_preview(data)}"
