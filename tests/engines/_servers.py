@@ -205,3 +205,21 @@ def start_job_server(engine: str, workdir: Path, **env: str) -> Server:
         **env,
     }
     return start_server(f"{engine}-job-server", [str(script)], workdir, ports, env=environ)
+
+
+def cancel_running_jobs(endpoint: str) -> list[str]:
+    """Cancel every running job on a Beam job server (what stopping a streaming job on the
+    engine takes: `linstream embed` stopped by Ctrl-C only stops waiting for it); returns the
+    cancelled jobs' names."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2 as api
+    from apache_beam.portability.api import beam_job_api_pb2_grpc as api_grpc
+
+    cancelled = []
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = api_grpc.JobServiceStub(channel)
+        for job in stub.GetJobs(api.GetJobsRequest(), timeout=30).job_info:
+            if job.state in (api.JobState.RUNNING, api.JobState.STARTING, api.JobState.STOPPED):
+                stub.Cancel(api.CancelJobRequest(job_id=job.job_id), timeout=60)
+                cancelled.append(job.job_name)
+    return cancelled
