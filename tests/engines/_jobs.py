@@ -36,25 +36,27 @@ class Case:
     dead_letters: int
 
 
-def write_case_input(path: Path, seed: int) -> tuple[int, int]:
-    """Shuffled, duplicated chunks of 5 sequences, and 3 that must be dead letters; returns
-    (distinct valid chunks, dead letters)."""
+def write_case_input(path: Path, seed: int, *, bad: bool = True) -> tuple[int, int]:
+    """Shuffled, duplicated chunks of 5 sequences, and (``bad``) 3 that must be dead letters;
+    returns (distinct valid chunks, dead letters)."""
     from linstream.pipeline.app.sample import sample_chunks
     from linstream.pipeline.elements import Chunk
     from linstream.pipeline.io import write_chunk_file
 
     chunks = sample_chunks(5, 8 * 16, 16, seed=seed, shuffle=True, duplicates=6, vocab_size=256)
     valid = len({(c.seq_id, c.index) for c in chunks})
-    bad = [
+    rejected = [
         Chunk("seq-0001", 8, np.arange(16, dtype=np.int32)),  # after_final (final is 7)
         Chunk("unknown-token", 0, np.array([1, 2, 999], dtype=np.int32), final=True),
         Chunk("empty", 0, np.array([], dtype=np.int32), final=True),
     ]
+    if not bad:
+        rejected.clear()
     rng = np.random.default_rng(seed)
-    for c in bad:  # somewhere in the middle
+    for c in rejected:  # somewhere in the middle
         chunks.insert(int(rng.integers(0, len(chunks))), c)
     write_chunk_file(str(path), chunks)
-    return valid, len(bad)
+    return valid, len(rejected)
 
 
 def embed_cmd(model: str, inp: str, out: str, ckpt: str, *extra: str) -> list[str]:

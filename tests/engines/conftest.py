@@ -54,16 +54,26 @@ def tiny_model(tmp_path_factory: Any) -> str:
     return write_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny.safetensors"))
 
 
-@pytest.fixture(scope="session")
-def case(tmp_path_factory: Any, tiny_model: str) -> Any:
-    """The input every engine runs (seed printed) and its FnApiRunner run, with checkpoints."""
+def _case(tmp_path_factory: Any, model: str, seed: int, bad: bool) -> Any:
     from _jobs import Case, embed_cmd, run, write_case_input
 
-    seed = 2026
     print(f"engine case seed {seed}")
     root = tmp_path_factory.mktemp("case")
     inp = str(root / "in.parquet")
-    chunks, dead = write_case_input(Path(inp), seed)
+    chunks, dead = write_case_input(Path(inp), seed, bad=bad)
     ref = str(root / "fn-api-runner")
-    run(embed_cmd(tiny_model, inp, ref, str(root / "ckpt"), "--runner=FnApiRunner"))
+    run(embed_cmd(model, inp, ref, str(root / "ckpt"), "--runner=FnApiRunner"))
     return Case(inp, ref, chunks, dead)
+
+
+@pytest.fixture(scope="session")
+def case(tmp_path_factory: Any, tiny_model: str) -> Any:
+    """The input every engine runs (seed printed) and its FnApiRunner run, with checkpoints."""
+    return _case(tmp_path_factory, tiny_model, 2026, bad=True)
+
+
+@pytest.fixture(scope="session")
+def clean_case(tmp_path_factory: Any, tiny_model: str) -> Any:
+    """An input without rejected chunks (for jobs resumed until nothing is left to apply: a job
+    whose chunks all went to the dead letters exits 3), and its FnApiRunner run."""
+    return _case(tmp_path_factory, tiny_model, 2027, bad=False)
