@@ -4,9 +4,11 @@ wrote (results bit-identical to the FnApiRunner run, the same dead letters)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -106,12 +108,21 @@ def launch_cmd(engine: str, *extra: str) -> list[str]:
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> str:
     """Run a job to its end; its output, or an AssertionError with the end of it."""
     t0 = time.monotonic()
-    done = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its process group: what it starts (Prism) goes with it
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything it left, or all of it on a timeout
     took = time.monotonic() - t0
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"exit {done.returncode} after {took:.0f} s: {cmd}\n{out[-4000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode} after {took:.0f} s: {cmd}\n{out[-4000:]}"
     return out
 
 
