@@ -7,13 +7,14 @@ PIP_FLAGS ?= --disable-pip-version-check -q
 # CPU torch pinned for the dev/test setup; an unpinned torch pulls GBs of CUDA libraries.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint typecheck unit slow bench gpu-check clean help
+.PHONY: demo test lint typecheck unit slow bench gpu-check clean help engines-fetch
 
 help:
 	@echo "make demo   - create $(VENV), install linstream, run the demo Beam job"
 	@echo "make test   - create $(VENV), install test extras, run lint, types and the test suite"
 	@echo "make bench  - run the benchmarks in tests/bench (slow)"
 	@echo "make slow   - run the slow-marked tests (long sequences)"
+	@echo "make engines-fetch - fetch Flink, Spark, Kafka and Prism for the engine tests (background)"
 
 $(VENV)/.created:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"linstream needs Python 3.11+, found {sys.version.split()[0]}"'
@@ -52,7 +53,19 @@ typecheck: $(VENV)/.test build/typecheck/linstream
 unit: $(VENV)/.test
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# The engines the engine tests (tests/engines/) run on: Beam's Flink and Spark job servers and a
+# Kafka broker (jars, by mvn) and Prism (go install), into ~/.cache/linstream/engines.  Started
+# in the background first, so that the slow fetches overlap lint, types and the rest of the
+# suite; the engine tests run last and wait for them (deploy/engines/fetch.sh locks each piece).
+ENGINES_LOG := build/engines-fetch.log
+engines-fetch:
+	@mkdir -p build
+	@echo "fetching the engines in the background (log: $(ENGINES_LOG))"
+	@nohup deploy/engines/fetch.sh >$(ENGINES_LOG) 2>&1 &
+
+# In `make test` an engine that cannot be fetched fails its tests instead of skipping them.
+test: export LINSTREAM_ENGINES := require
+test: engines-fetch lint typecheck unit
 
 slow: $(VENV)/.test
 	$(BIN)/python -m pytest -m slow -s

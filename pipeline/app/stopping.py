@@ -16,7 +16,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 __all__ = [
@@ -76,10 +76,36 @@ def kill_descendants(pid: int | None = None) -> int:
     return len(found)
 
 
+@contextlib.contextmanager
+def _handlers_set_by_main_thread_only() -> Iterator[None]:
+    """While the job runs in its thread, `signal.signal` called from any other thread than the
+    main one changes nothing (instead of raising ValueError).  Beam's runners that start their
+    own job server (PrismRunner, FlinkRunner, SparkRunner) install a SIGINT handler there to stop
+    it; here the main thread handles SIGINT, and the stop kills that server with the job's other
+    processes."""
+    real = signal.signal
+
+    def guarded(signalnum: Any, handler: Any) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return real(signalnum, handler)
+        return signal.getsignal(signalnum)
+
+    signal.signal = guarded
+    try:
+        yield
+    finally:
+        signal.signal = real
+
+
 def run_stoppable(fn: Callable[[], T], poll_s: float = 0.2) -> T:
     """`fn()` in a signal-blocked thread; raises `Stopped` on SIGINT/SIGTERM (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return fn()
+    with _handlers_set_by_main_thread_only():
+        return _run_in_thread(fn, poll_s)
+
+
+def _run_in_thread(fn: Callable[[], T], poll_s: float) -> T:
     box: dict[str, Any] = {}
 
     def target() -> None:

@@ -6,7 +6,9 @@
     tokenizers       the built-in byte tokenizer and Hugging Face tokenizer.json files
     chunk_files      the chunk Parquet format and its reader
     special_files    input paths that are not regular files (FIFOs, sockets, devices)
-    streaming        unbounded sources for --streaming (Pub/Sub, Kafka)
+    streaming        unbounded sources for --streaming (Pub/Sub, Kafka): picks and wires them
+    stream_messages  stream message formats (JSON, Arrow IPC) -> chunks or dead letters
+    kafka_source     Beam's cross-language Kafka read, and the Java-side options it needs
     output_files     results as Parquet and dead letters as JSON Lines, and reading them back
     publish          dead letters to a Pub/Sub topic
 

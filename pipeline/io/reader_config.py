@@ -63,7 +63,11 @@ class StreamConfig:
     )
     kafka_bootstrap: str | None = _option("Kafka brokers", metavar="HOST:PORT[,...]")
     kafka_topic: str | None = _option("Kafka topic(s), comma-separated")
-    kafka_group_id: str = _option("Kafka consumer group (default linstream)", "linstream")
+    kafka_group_id: str | None = _option(
+        "Kafka consumer group id (default: none; linstream commits no offsets and reads each "
+        "topic from its oldest retained message; a group whose offsets other consumers "
+        "committed starts there instead)"
+    )
     kafka_expansion_service: str | None = _option(
         "a running Kafka expansion service (default: Beam starts its Java jar)",
         metavar="HOST:PORT",

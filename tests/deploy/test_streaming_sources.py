@@ -238,3 +238,10 @@ def test_hostile_messages_become_dead_letters_in_the_transform() -> None:
             equal_to(["undecodable_message", "bad_message", "undecodable_message"]),
             label="dead letters",
         )
+
+
+def test_an_undecodable_message_is_charged_to_its_key() -> None:
+    """Bytes that are neither JSON nor Arrow: the dead letter names the key's sequence."""
+    with pytest.raises(BadMessage) as info:
+        decode_message(b"not a chunk", key="s7")
+    assert (info.value.reason, info.value.seq_id) == ("undecodable_message", "s7")
