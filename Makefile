@@ -4,14 +4,19 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 PIP_FLAGS ?= --disable-pip-version-check -q
-# CPU torch pinned for the dev/test setup; an unpinned torch pulls GBs of CUDA libraries.
+# The versions of PyTorch (PyPI's Linux wheel, with its CUDA libraries) and of the test tools
+# the project is tested with.
 CONSTRAINTS := constraints.txt
+# The suite runs on two workers (pytest-xdist); the tests that start servers keep to one worker
+# per group (tests/engines, tests/cloud).
+PYTEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck unit slow bench gpu-check clean help engines-fetch
+.PHONY: demo test check lint typecheck unit slow bench gpu-check clean help engines-fetch
 
 help:
 	@echo "make demo   - create $(VENV), install linstream, run the demo Beam job"
 	@echo "make test   - create $(VENV), install test extras, run lint, types and the test suite"
+	@echo "make check  - lint, types and the fast tier (unit and in-process stage tests, no whole jobs)"
 	@echo "make bench  - run the benchmarks in tests/bench (slow)"
 	@echo "make slow   - run the slow-marked tests (long sequences)"
 	@echo "make engines-fetch - fetch Flink, Spark, Kafka and Prism for the engine tests (background)"
@@ -22,8 +27,11 @@ $(VENV)/.created:
 	$(PIP) $(PIP_FLAGS) install --upgrade "pip>=24" "setuptools>=77" wheel
 	touch $@
 
+# The extras README's commands need (pandas reads the results).
+DEMO_EXTRAS := pandas
+
 $(VENV)/.demo: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
-	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e .
+	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e '.[$(DEMO_EXTRAS)]'
 	touch $@
 
 $(VENV)/.test: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
@@ -51,7 +59,7 @@ typecheck: $(VENV)/.test build/typecheck/linstream
 		-p linstream.ops -p linstream.state -p linstream.pipeline
 
 unit: $(VENV)/.test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The engines the engine tests (tests/engines/) run on: Beam's Flink and Spark job servers and a
 # Kafka broker (jars, by mvn) and Prism (go install), into ~/.cache/linstream/engines.  Started
@@ -66,6 +74,11 @@ engines-fetch:
 # In `make test` an engine that cannot be fetched fails its tests instead of skipping them.
 test: export LINSTREAM_ENGINES := require
 test: engines-fetch lint typecheck unit
+
+# The fast tier: everything but the end-to-end tests (whole jobs on a runner, the command in a
+# subprocess, servers); minutes where `make test` takes much longer.
+check: lint typecheck
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not bench and not e2e"
 
 slow: $(VENV)/.test
 	$(BIN)/python -m pytest -m slow -s

@@ -7,7 +7,7 @@ output: import linstream (and Beam), build the step, `setup()` (load the model, 
 the Numba kernels), validate and apply one 64-token chunk.  The figure is the wall time from
 spawning the interpreter to the chunk's embeddings, so it includes Python's own start-up.
 Run it with an empty ``NUMBA_CACHE_DIR`` for a cold worker, and after ``linstream warmup``
-(``python -m linstream.ops.warmup``, what the worker images run at build time) for a warm one.
+(what the worker images run at build time) for a warm one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""linstream.pipeline: Beam transforms, the stateful DoFn, I/O and the `linstream` command.
+"""linstream.pipeline: Beam transforms, the stateful DoFn, I/O and the `linstream` command, and
+the one-line API (`embed`, `Resumable`).
 
-Names are imported on first use, so that `linstream --help` and `linstream checkpoint ...` start
-without importing Beam.
+Names are imported on first use, so that `linstream --help`, `linstream checkpoint ...` and
+`from linstream.pipeline import embed` start without importing Beam.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from linstream.pipeline.app.embed_api import Resumable, embed
     from linstream.pipeline.io.text_input import InputConfig, ToChunks, read_input
     from linstream.pipeline.stage.transforms import CausalLinearAttention, EmbedSequences
 
@@ -32,7 +34,9 @@ __all__ = [
     "DeadLetterCoder",
     "EmbedSequences",
     "InputConfig",
+    "Resumable",
     "ToChunks",
+    "embed",
     "read_input",
 ]
 
@@ -40,6 +44,8 @@ _WHERE = {
     "CausalLinearAttention": ".stage.transforms",
     "EmbedSequences": ".stage.transforms",
     "InputConfig": ".io.text_input",
+    "Resumable": ".app.embed_api",
+    "embed": ".app.embed_api",
     "ToChunks": ".io.text_input",
     "read_input": ".io.text_input",
     **dict.fromkeys(

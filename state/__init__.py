@@ -1,7 +1,9 @@
 """linstream.state: the per-sequence state value, its Arrow codec and the checkpoint store.
 
     sequence_state  SequenceState: every layer's carried state after a prefix (immutable)
-    codec           its Arrow IPC form (checkpoints), with ipc_bounds (checks before reading)
+    layout          the named tensors a state carries (S, z, others), their JSON form
+    codec           its Arrow IPC form (checkpoints), with ipc_bounds (checks before reading);
+                    codec_v3 the format of states of named tensors, arrow_tensors the columns
     compact         its compact form (the working copy in Beam state)
     errors          the named errors of this package
     store/          the checkpoint store (commits, restores, retention, verify, gc)
@@ -11,7 +13,7 @@ No Beam here: the pipeline keeps ``encode_state`` bytes in Beam state and commit
 """
 
 from .codec import FORMAT_VERSION, READER_VERSION, decode_state, encode_state
-from .compact import pack_state, unpack_state
+from .compact import pack_layers, pack_state, unpack_state
 from .errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -56,6 +58,7 @@ __all__ = [
     "UnsupportedFormatVersionError",
     "decode_state",
     "encode_state",
+    "pack_layers",
     "pack_state",
     "unpack_state",
 ]

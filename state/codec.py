@@ -17,6 +17,13 @@ array is touched, and the record batch headers before Arrow reads a batch (``ipc
 compressed body, which this codec never writes, is refused undecompressed, so no file makes a
 reader allocate more than it holds), then fingerprint, identity, digest and finiteness.  Arrays
 are zero-copy views of the (immutable) input buffer where Arrow allows.  No pickle.
+
+A state that is not S and z alone (an fla model's: S, the short convolutions' tails) is written
+in format 3, a column per named tensor and the layout in the metadata (``codec_v3.py``); a
+reader tells the two apart by the layout entry, and checks the rest the same way.
+
+(About 550 lines: the encoder and the untrusted decoder of one format side by side, with every
+check the decoder makes.)
 """
 
 from __future__ import annotations
@@ -32,6 +39,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .arrow_tensors import DTYPES as _DTYPES
+from .arrow_tensors import check_scalar_columns as _check_scalar_columns
+from .arrow_tensors import little_endian as _le
+from .arrow_tensors import read_tensor as _tensor
+from .arrow_tensors import tensor_column as _tensor_column
+from .arrow_tensors import tensor_column_shape as _tensor_column_shape
+from .codec_v3 import (
+    FORMAT_VERSION_NAMED,
+    K_LAYOUT,
+    MIN_READER_VERSION_NAMED,
+    check_named_schema,
+    named_batch,
+    named_digest,
+    read_named,
+    state_named_digest,
+)
 from .errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -40,6 +63,9 @@ from .errors import (
     UnsupportedFormatVersionError,
 )
 from .ipc_bounds import check_state_file_bounds
+from .layout import MAX_DIM as _MAX_DIM
+from .layout import MAX_ELEMENTS as _MAX_ELEMENTS
+from .layout import Layout, layout_from_json
 from .sequence_state import SequenceState, zero_copy_of_immutable_buffers
 
 __all__ = [
@@ -60,15 +86,16 @@ __all__ = [
     "tensor_ranges",
 ]
 
-#: Format written by this version.  Format 2 (chained commits with a history record in the
-#: manifest) keeps the data file's layout of format 1; format-1 files and stores still restore.
+#: Format written by this version for states of S and z.  Format 2 (chained commits with a
+#: history record in the manifest) keeps the data file's layout of format 1; format-1 files and
+#: stores still restore.  States of other named tensors are written in format 3 (``codec_v3``).
 FORMAT_VERSION = 2
 #: Oldest reader version able to read what this version writes (a format-1 reader would not see
 #: format-2 commits at all, so it must not read their data files either).
 MIN_READER_VERSION = 2
 #: Newest format this reader understands (files whose minimum reader version exceeds it are
 #: refused with ``UnsupportedFormatVersionError``).
-READER_VERSION = 2
+READER_VERSION = 3
 
 _K_FORMAT = b"linstream.format_version"
 _K_MIN_READER = b"linstream.min_reader_version"
@@ -76,13 +103,8 @@ _K_FINGERPRINT = b"linstream.fingerprint"
 _K_DTYPE = b"linstream.state_dtype"
 _K_DIGEST = b"linstream.digest"
 _COLUMNS = ("seq_id", "position", "next_chunk", "S", "z")
-_DTYPES: dict[str, np.dtype] = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
-_ARROW_TYPES = {"float64": pa.float64(), "float32": pa.float32()}
 _INT_RE = re.compile(rb"[0-9]{1,9}")
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-#: Bounds on what an untrusted file may declare before anything is computed from it.
-_MAX_DIM = 1 << 24
-_MAX_ELEMENTS = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -94,13 +116,9 @@ class StateHeader:
     fingerprint: str
     dtype: str
     digest: str
-    shape: tuple[int, ...]
-
-
-def _le(a: np.ndarray) -> np.ndarray:
-    if a.dtype.byteorder in "<|" or (a.dtype.byteorder == "=" and np.little_endian):
-        return a
-    return a.astype(a.dtype.newbyteorder("<"))
+    shape: tuple[int, ...]  # S's
+    #: the named tensors of a format-3 state (None: S and z, format 1 or 2)
+    layout: Layout | None = None
 
 
 def state_digest(
@@ -180,11 +198,6 @@ class DigestHint:
         )
 
 
-def _tensor_column(a: np.ndarray) -> pa.ExtensionArray:
-    arr = np.ascontiguousarray(_le(a)).reshape((1, *a.shape))
-    return pa.FixedShapeTensorArray.from_numpy_ndarray(arr)
-
-
 def encode_state_buffer(st: SequenceState) -> pa.Buffer:
     """``encode_state`` without the final copy into ``bytes``."""
     return encode_with_digest(st)[0]
@@ -207,6 +220,9 @@ def encode_checked(st: SequenceState, *, finite_checked: bool) -> tuple[pa.Buffe
             "received NaN or Inf; refusing to encode"
         )
         raise NonFiniteStateError(msg)
+    if not st.classic:
+        return _encode_named(st)
+    assert st.z is not None
     dtype = str(st.dtype)
     digest = state_digest(st.seq_id, st.position, st.next_chunk, st.fingerprint, st.S, st.z)
     metadata = {
@@ -238,15 +254,41 @@ def encode_checked(st: SequenceState, *, finite_checked: bool) -> tuple[pa.Buffe
         ],
         schema=schema,
     )
+    return _write_file(batch), digest
+
+
+def _write_file(batch: pa.RecordBatch) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, schema) as writer:
+    with pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue(), digest
+    return sink.getvalue()
+
+
+def _encode_named(st: SequenceState) -> tuple[pa.Buffer, str]:
+    """Format 3 (``codec_v3``): a column per named tensor, the layout in the metadata."""
+    digest = state_named_digest(st)
+    metadata = {
+        _K_FORMAT: str(FORMAT_VERSION_NAMED).encode(),
+        _K_MIN_READER: str(MIN_READER_VERSION_NAMED).encode(),
+        _K_FINGERPRINT: st.fingerprint.encode("utf-8"),
+        _K_DTYPE: str(st.dtype).encode(),
+        _K_DIGEST: digest.encode(),
+    }
+    return _write_file(named_batch(st, metadata)), digest
+
+
+def format_versions(st: SequenceState) -> tuple[int, int]:
+    """(format version, minimum reader version) ``encode_checked`` writes ``st`` in."""
+    if st.classic:
+        return FORMAT_VERSION, MIN_READER_VERSION
+    return FORMAT_VERSION_NAMED, MIN_READER_VERSION_NAMED
 
 
 def tensor_ranges(buf: pa.Buffer, st: SequenceState) -> tuple[int, int, int, int] | None:
     """Where ``encode_checked`` put S and z inside ``buf``: ``(S offset, S bytes, z offset,
     z bytes)``, or None if the layout is not S then z (then no split hash is written)."""
+    if not st.classic:
+        return None
     try:
         batch = pa.ipc.open_file(buf).get_batch(0)
         dtype = str(st.dtype)
@@ -316,8 +358,26 @@ def _header(schema: pa.Schema) -> StateHeader:
     if not _DIGEST_RE.fullmatch(digest):
         msg = f"schema metadata digest: expected 'sha256:<64 hex>', received {digest[:80]!r}"
         raise _corrupt(msg)
+    if K_LAYOUT in meta:
+        layout = _layout(meta[K_LAYOUT], found)
+        check_named_schema(schema, dtype, layout)
+        return StateHeader(found, min_reader, fingerprint, dtype, digest, layout[0][1], layout)
     shape = _check_schema(schema, dtype)
     return StateHeader(found, min_reader, fingerprint, dtype, digest, shape)
+
+
+def _layout(raw: bytes, found: int) -> Layout:
+    if found < FORMAT_VERSION_NAMED:
+        msg = (
+            f"schema metadata: a layout of named tensors in a file of format {found} (they "
+            f"came with format {FORMAT_VERSION_NAMED})"
+        )
+        raise _corrupt(msg)
+    try:
+        return layout_from_json(raw)
+    except ValueError as ex:
+        msg = f"schema metadata {K_LAYOUT.decode()}: {ex}"
+        raise _corrupt(msg) from ex
 
 
 def _check_schema(schema: pa.Schema, dtype: str) -> tuple[int, ...]:
@@ -325,28 +385,10 @@ def _check_schema(schema: pa.Schema, dtype: str) -> tuple[int, ...]:
     if names != _COLUMNS:
         msg = f"schema: expected columns {list(_COLUMNS)}, received {list(names)}"
         raise _corrupt(msg)
-    scalars = (("seq_id", pa.string()), ("position", pa.int64()), ("next_chunk", pa.int64()))
-    for name, typ in scalars:
-        if schema.field(name).type != typ:
-            msg = f"column {name}: expected {typ}, received {schema.field(name).type}"
-            raise _corrupt(msg)
+    _check_scalar_columns(schema)
     shapes = []
     for name, ndim in (("S", 4), ("z", 3)):
-        typ = schema.field(name).type
-        if not isinstance(typ, pa.FixedShapeTensorType):
-            msg = f"column {name}: expected arrow.fixed_shape_tensor, received {typ}"
-            raise _corrupt(msg)
-        if typ.value_type != _ARROW_TYPES[dtype]:
-            msg = (
-                f"column {name}: expected values of the state dtype {dtype}, "
-                f"received {typ.value_type}"
-            )
-            raise _corrupt(msg)
-        shape = tuple(int(n) for n in typ.shape)
-        perm = typ.permutation
-        if perm is not None and list(perm) != list(range(len(shape))):
-            msg = f"column {name}: expected no permutation, received {list(perm)}"
-            raise _corrupt(msg)
+        shape = _tensor_column_shape(schema, name, dtype)
         if len(shape) != ndim or not all(1 <= n <= _MAX_DIM for n in shape):
             msg = (
                 f"column {name}: expected a shape of {ndim} dimensions in 1..{_MAX_DIM}, "
@@ -362,33 +404,6 @@ def _check_schema(schema: pa.Schema, dtype: str) -> tuple[int, ...]:
         msg = f"shape {list(S_shape)}: more than {_MAX_ELEMENTS} elements"
         raise _corrupt(msg)
     return S_shape
-
-
-def _tensor(batch: pa.RecordBatch, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    col = batch.column(name)
-    storage = col.storage
-    n = math.prod(shape)
-    values = storage.flatten()
-    if storage.null_count or values.null_count or len(values) != n:
-        msg = (
-            f"column {name}: expected {n} non-null values, received {len(values)} "
-            f"({values.null_count} null)"
-        )
-        raise _corrupt(msg)
-    if values.type != _ARROW_TYPES[dtype]:
-        msg = f"column {name}: expected {dtype} values, received {values.type}"
-        raise _corrupt(msg)
-    # A read-only view of the values buffer (pyarrow's to_numpy would import pandas).
-    want = _DTYPES[dtype].newbyteorder("<")
-    data = values.buffers()[1]
-    start, end = values.offset * want.itemsize, (values.offset + n) * want.itemsize
-    if data is None or data.size < end:
-        size = 0 if data is None else data.size
-        msg = f"column {name}: expected {end} bytes of values, received a buffer of {size}"
-        raise _corrupt(msg)
-    arr = np.frombuffer(data, dtype=want, count=n, offset=start).reshape(shape)
-    arr.setflags(write=False)
-    return arr
 
 
 def _check_bounds(data: Any, header: StateHeader) -> None:
@@ -465,8 +480,13 @@ def decode_with_header(
     if batch.num_rows != 1 or any(c.null_count for c in batch.columns):
         msg = f"expected 1 row without nulls, received {batch.num_rows} rows"
         raise _corrupt(msg)
-    S = _tensor(batch, "S", header.shape, header.dtype)
-    z = _tensor(batch, "z", header.shape[:3], header.dtype)
+    if header.layout is None:
+        tensors = {
+            "S": _tensor(batch, "S", header.shape, header.dtype),
+            "z": _tensor(batch, "z", header.shape[:3], header.dtype),
+        }
+    else:
+        tensors = read_named(batch, header.layout, header.dtype)
     seq_id = batch.column("seq_id")[0].as_py()
     position = batch.column("position")[0].as_py()
     next_chunk = batch.column("next_chunk")[0].as_py()
@@ -488,9 +508,17 @@ def decode_with_header(
             msg = f"{what}: expected {want!r}, received {got!r}"
             raise _corrupt(msg)
     fields = (seq_id, position, next_chunk, header.fingerprint, header.dtype, header.shape)
-    if digest_hint is not None and digest_hint.covers(S, z, fields):
+    S, z = tensors.pop("S"), tensors.pop("z", None)
+    if header.layout is not None:
+        digest = named_digest(
+            *fields[:5],
+            header.layout,
+            (a.data for a in (S, *([] if z is None else [z]), *tensors.values())),
+        )
+    elif digest_hint is not None and z is not None and digest_hint.covers(S, z, fields):
         digest = digest_hint.digest  # computed over these very bytes moments ago (one pass)
     else:
+        assert z is not None
         digest = state_digest(seq_id, position, next_chunk, header.fingerprint, S, z)
     if not hmac.compare_digest(digest, header.digest):
         msg = (
@@ -498,9 +526,14 @@ def decode_with_header(
             f"{header.digest[:23]}…, computed {digest[:23]}…"
         )
         raise _corrupt(msg)
-    if not (np.isfinite(S).all() and np.isfinite(z).all()):
-        msg = "expected finite S and z, received NaN or Inf"
-        raise _corrupt(msg)
+    for name, a in (("S", S), ("z", z), *tensors.items()):
+        if a is not None and not np.isfinite(a).all():
+            msg = (
+                "expected finite S and z, received NaN or Inf"
+                if header.layout is None
+                else f"expected finite tensors, received NaN or Inf in {name}"
+            )
+            raise _corrupt(msg)
     with zero_copy_of_immutable_buffers():
-        st = SequenceState(seq_id, position, next_chunk, S, z, header.fingerprint)
+        st = SequenceState(seq_id, position, next_chunk, S, z, header.fingerprint, tensors)
     return st, header

@@ -40,3 +40,24 @@ def test_links_stay_inside_the_repository(doc):
 def test_placeholders_for_what_survives_a_crash_are_marked():
     for doc in DOCS[:2]:
         assert "## What survives a crash" in doc.read_text(), doc.name
+
+
+def test_the_design_module_map_names_every_module():
+    """docs/design.md's module map lists each module of ops, state and pipeline under its folder."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("\n## Module map\n", 1)[1].split("\n## ", 1)[0]
+    listed = set()
+    folder = None
+    for line in section.splitlines():
+        if line.startswith("**`") and line.endswith("/`**"):
+            folder = line[3:-4]
+        elif line.startswith("- `") and folder is not None:
+            listed.add(f"{folder}/{line[3:].split('`', 1)[0]}")
+    modules = {
+        str(f.relative_to(ROOT))
+        for top in ("ops", "state", "pipeline")
+        for f in (ROOT / top).rglob("*.py")
+        if f.name != "__init__.py" and "__pycache__" not in f.parts
+    }
+    assert modules - listed == set(), "modules missing from docs/design.md's module map"
+    assert listed - modules == set(), "docs/design.md's module map names modules that do not exist"

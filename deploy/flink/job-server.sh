@@ -8,7 +8,11 @@
 #   JOB_PORT=8099 ARTIFACT_PORT=8098 EXPANSION_PORT=8097 deploy/flink/job-server.sh
 #
 # Optional environment: FLINK_MASTER ([local]: a cluster inside this process; host:port: a
-# running Flink's REST endpoint), JOB_HOST (localhost), JAVA_HEAP (2g), LOG_LEVEL (warn).
+# running Flink's REST endpoint), JOB_HOST (localhost), JAVA_HEAP (2g), LOG_LEVEL (warn),
+# ARTIFACTS_DIR (/tmp/beam-artifact-staging, Beam's default: where each submitted job's files are
+# staged; a job that does not complete, cancelled or killed, leaves its files there),
+# JAVA_TMPDIR (the JVM's temporary folder, /tmp by default: Flink unpacks a 22 MB RPC jar
+# there at every start and leaves it when the process is killed).
 # Further arguments go to Beam's FlinkJobServerDriver.  The process is the job server (exec).
 set -euo pipefail
 
@@ -22,7 +26,7 @@ for pkg in java.lang java.lang.reflect java.io java.net java.nio java.text java.
   opens+=("--add-opens=java.base/$pkg=ALL-UNNAMED")
 done
 
-exec java -Xmx"${JAVA_HEAP:-2g}" "${opens[@]}" \
+exec java -Xmx"${JAVA_HEAP:-2g}" ${JAVA_TMPDIR:+"-Djava.io.tmpdir=$JAVA_TMPDIR"} "${opens[@]}" \
   -Dorg.slf4j.simpleLogger.defaultLogLevel="${LOG_LEVEL:-warn}" \
   -cp "$lib/*" org.apache.beam.runners.flink.FlinkJobServerDriver \
   --flink-master="${FLINK_MASTER:-[local]}" \
@@ -30,4 +34,5 @@ exec java -Xmx"${JAVA_HEAP:-2g}" "${opens[@]}" \
   --job-port="${JOB_PORT:-8099}" \
   --artifact-port="${ARTIFACT_PORT:-8098}" \
   --expansion-port="${EXPANSION_PORT:-8097}" \
+  --artifacts-dir="${ARTIFACTS_DIR:-/tmp/beam-artifact-staging}" \
   "$@"

@@ -31,6 +31,8 @@
 #   JAVA_ENVIRONMENT   Kafka: where the Java harness runs (default with LOOPBACK: EMBEDDED, in
 #                      the Flink task managers; otherwise Java's default, DOCKER)
 #   PARALLELISM        default 2        CHECKPOINTING_INTERVAL_MS  default 60000 (streaming)
+#   EXECUTION_RETRIES, EXECUTION_RETRY_DELAY_MS  restarts of a failed job with LOOPBACK workers
+#                      (default 2, 2000 ms; otherwise Flink's default)
 #   MODEL, RESUME=1, PRINT_ONLY=1 (print the command, one argument a line)
 #   LINSTREAM          the linstream command (default: linstream on PATH)
 # Further arguments are passed on (linstream or Beam options).
@@ -55,7 +57,13 @@ args=(
 
 case "$ENVIRONMENT_TYPE" in
   EXTERNAL) args+=(--environment_type=EXTERNAL --environment_config=localhost:50000) ;;
-  LOOPBACK) args+=(--environment_type=LOOPBACK) ;;
+  LOOPBACK)
+    # The Python workers live in this command: once it stops, a restarted job cannot get them
+    # back, and Flink (with checkpoints) would restart it without end on the job server.
+    args+=(--environment_type=LOOPBACK
+      --number_of_execution_retries="${EXECUTION_RETRIES:-2}"
+      --execution_retry_delay="${EXECUTION_RETRY_DELAY_MS:-2000}")
+    ;;
   DOCKER)
     : "${IMAGE:?set IMAGE to the linstream SDK image for ENVIRONMENT_TYPE=DOCKER}"
     args+=(--environment_type=DOCKER --environment_config="$IMAGE")

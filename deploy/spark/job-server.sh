@@ -5,7 +5,10 @@
 #
 #   JOB_PORT=8099 ARTIFACT_PORT=8098 EXPANSION_PORT=8097 deploy/spark/job-server.sh
 #
-# Optional environment: SPARK_MASTER_URL (local[2]), JOB_HOST (localhost), JAVA_HEAP (2g).
+# Optional environment: SPARK_MASTER_URL (local[2]), JOB_HOST (localhost), JAVA_HEAP (2g),
+# ARTIFACTS_DIR (/tmp/beam-artifact-staging, Beam's default: where each submitted job's files are
+# staged; a job that does not complete, cancelled or killed, leaves its files there),
+# JAVA_TMPDIR (the JVM's temporary folder, /tmp by default: Spark's scratch files).
 # Further arguments go to Beam's SparkJobServerDriver.  The process is the job server (exec).
 set -euo pipefail
 
@@ -20,11 +23,12 @@ for pkg in java.lang java.lang.invoke java.lang.reflect java.io java.net java.ni
   opens+=("--add-opens=java.base/$pkg=ALL-UNNAMED")
 done
 
-exec java -Xmx"${JAVA_HEAP:-2g}" "${opens[@]}" \
+exec java -Xmx"${JAVA_HEAP:-2g}" ${JAVA_TMPDIR:+"-Djava.io.tmpdir=$JAVA_TMPDIR"} "${opens[@]}" \
   -cp "$lib/*" org.apache.beam.runners.spark.SparkJobServerDriver \
   --spark-master-url="${SPARK_MASTER_URL:-local[2]}" \
   --job-host="${JOB_HOST:-localhost}" \
   --job-port="${JOB_PORT:-8099}" \
   --artifact-port="${ARTIFACT_PORT:-8098}" \
   --expansion-port="${EXPANSION_PORT:-8097}" \
+  --artifacts-dir="${ARTIFACTS_DIR:-/tmp/beam-artifact-staging}" \
   "$@"

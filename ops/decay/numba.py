@@ -50,7 +50,7 @@ def floored_log_gates(log_gate: np.ndarray) -> np.ndarray:
 def chunk_end(kh, vh, log_a, h, start, stop):  # pragma: no cover - jitted
     """Where the chunk of head h that starts at token `start` ends (exclusive, <= stop): before
     the first later token whose key kh[h, i] or value vh[h, i] holds an Inf or NaN, or whose
-    log gate is below ERASING_GATE."""
+    log gate log_a[h, i] is below ERASING_GATE (a vector gate passes its smallest over d_k)."""
     for i in range(start + 1, stop):
         if log_a[h, i] < ERASING_GATE:
             return i

@@ -1,6 +1,8 @@
 """The embedding model's streaming runtime: one chunk at a time, carried per-layer state, no torch.
 
     model = load_model("builtin:default")            # or a path to a .safetensors model file
+                                                     # (a checkpoint folder in fla's format loads
+                                                     # as `linstream.ops.model.fla.FlaModel`)
     states = model.initial_states()                  # L × AttentionState, float64 zeros
     emb, states = model.embed_chunk(tokens, states)  # emb [T, d_model] float32
 
@@ -27,6 +29,9 @@ follow the caller:
                        checkpoints hold bytes, so they need host arrays)
     device states in -> device states out (no copy; `model.to_host_states(states)` before a
                        checkpoint, `model.to_device_states(states)` to start on the device)
+
+(About 500 lines: the loader and the model class with its per-chunk forward, kept together so that
+the forward reads top to bottom; layers, fused passes and threads have their own modules.)
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import os
 import re
 import threading
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +67,9 @@ from .layers import _activation as _activation  # re-exported (tests/ops/test_nu
 from .layers import _Weights
 from .weights import check_tensors, fingerprint, read_model
 
+if TYPE_CHECKING:
+    from .fla import FlaModel
+
 __all__ = ["BUILTIN_PREFIX", "EmbeddingModel", "builtin_models", "load_model"]
 
 BUILTIN_PREFIX = "builtin:"
@@ -84,13 +92,19 @@ def builtin_models() -> list[str]:
 
 def load_model(
     source: str | os.PathLike[str] | bytes, *, compute_dtype: npt.DTypeLike = np.float32
-) -> EmbeddingModel:
+) -> EmbeddingModel | FlaModel:
     """Load a model: "builtin:NAME" (shipped in the package), a path to a .safetensors model
-    file, or the file's bytes (for files read from object stores by the caller).
+    file, the file's bytes (for files read from object stores by the caller), or a checkpoint
+    folder in fla's format (a local folder or its URL; `linstream.ops.model.fla.load_model`).
 
     The file is untrusted: a missing or unexpected tensor, a wrong shape or dtype, NaN/Inf
-    weights or an invalid config raise `ModelFileError` (a ValueError) naming the tensor.
+    weights or an invalid config raise `ModelFileError` (a ValueError) naming the tensor
+    (`ModelFolderError`, also a ValueError, for a folder).
     """
+    if not isinstance(source, bytes | bytearray | memoryview) and is_model_folder(source):
+        from .fla import load_model as load_folder
+
+        return load_folder(source, compute_dtype=compute_dtype)
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         name = source.removeprefix(BUILTIN_PREFIX)
         available = builtin_models()
@@ -104,9 +118,35 @@ def load_model(
         config, weights = read_model(bytes(source))
         label = "<model bytes>"
     else:
+        path = os.fspath(source)
+        if "://" not in path and not os.path.exists(path):
+            msg = (
+                "expected builtin:NAME, a .safetensors model file or a checkpoint folder, "
+                f"got {path!r}, which does not exist"
+            )
+            raise FileNotFoundError(msg)
         config, weights = read_model(source)
-        label = os.fspath(source)
+        label = path
     return EmbeddingModel(config, weights, compute_dtype=compute_dtype, source=label, checked=True)
+
+
+def is_model_folder(source: str | os.PathLike[str]) -> bool:
+    """Whether ``source`` is a folder (a local one, or a URL fsspec lists as a directory or
+    that ends with "/"), which `load_model` reads as a checkpoint folder in fla's format."""
+    path = os.fspath(source)
+    if path.startswith(BUILTIN_PREFIX):
+        return False
+    if "://" not in path or path.startswith("file://"):
+        return os.path.isdir(path.removeprefix("file://"))
+    if path.endswith("/"):
+        return True
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    try:
+        return bool(fs.isdir(root))
+    except OSError:
+        return False
 
 
 class EmbeddingModel:

@@ -81,7 +81,9 @@ def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | 
             mine = [r for r, f in zip(rows, handed, strict=True) if f.cancel()]
             for r in mine:
                 fn(r)
-            wait(handed)
+            # Not `wait(handed)`: a cancelled future counts as done only once a helper has
+            # dequeued it, so that would wait for a busy helper after all.
+            wait([f for f in handed if not f.cancelled()])
         for f in handed:
             if not f.cancelled():
                 f.result()  # raises the range's error

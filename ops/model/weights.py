@@ -11,6 +11,9 @@ feature map's parameters as `feature_map.<name>` (for FAVOR+ its random matrix),
 what the config's map generates.  A file is
 untrusted input: the header is read and checked (names, dtypes, shapes) before any tensor is, and
 every refusal names the tensor and says what was expected.
+
+(About 400 lines: the file format's writer and its untrusted reader side by side, so that a change
+to one is seen beside the other.)
 """
 
 from __future__ import annotations

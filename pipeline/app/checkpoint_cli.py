@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .closed_stdout import tolerate_closed_stdout
+
 __all__ = ["add_checkpoint_parser", "cmd_gc", "cmd_inspect", "cmd_verify", "main"]
 
 
@@ -263,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     """``linstream checkpoint ...`` on its own (for tests and ``python -m``)."""
     parser = argparse.ArgumentParser(prog="linstream")
     add_checkpoint_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return int(args.func(args))
+    with tolerate_closed_stdout():
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letter
 `--max-dead-letters` rule; 130 stopped by SIGINT; 143 stopped by SIGTERM.  Every error is one
 line on stderr; `-v` adds the traceback.  `linstream --help` and `linstream checkpoint ...` import
 no Beam (the embed parser is only built for `linstream embed`).
+
+(About 450 lines: one parser per subcommand and the one-line errors and exit statuses they share;
+logging, options, the job and the checkpoint commands have their own modules.)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import logging
 import os
@@ -18,6 +20,9 @@ import shlex
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from .cli_logging import quiet_imports, setup_logging, verbosity
+from .closed_stdout import tolerate_closed_stdout
 
 if TYPE_CHECKING:
     from .options import EmbedConfig
@@ -91,7 +96,7 @@ def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
         args.output,
         args.sequences,
         args.tokens,
-        args.chunk_size,
+        args.chunk_tokens,
         args.seed,
         shuffle=args.shuffle,
         duplicates=args.duplicates,
@@ -99,10 +104,10 @@ def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
         input_dim=dim,
         files=args.files,
     )
-    n_chunks = args.sequences * -(-args.tokens // args.chunk_size) + args.duplicates
+    n_chunks = args.sequences * -(-args.tokens // args.chunk_tokens) + args.duplicates
     print(
         f"wrote {n_chunks} chunks ({args.sequences} sequences x {args.tokens} tokens, "
-        f"chunk size {args.chunk_size}) to {', '.join(paths)}"
+        f"{args.chunk_tokens} tokens per chunk) to {', '.join(paths)}"
     )
     return EXIT_OK
 
@@ -118,23 +123,12 @@ def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
     return shlex.join([_PROG, *again])
 
 
-_LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
-
-
-def _runner_of(rest: list[str]) -> str:
-    for i, a in enumerate(rest):
-        if a.startswith("--runner="):
-            return a.split("=", 1)[1]
-        if a == "--runner" and i + 1 < len(rest):
-            return rest[i + 1]
-    return "FnApiRunner"
-
-
 def _report_stop(config: EmbedConfig, argv: list[str], signame: str, rest: list[str]) -> None:
+    from .job import is_local_runner, runner_of
     from .stopping import remove_stale_temporaries, result_files
 
-    runner = _runner_of(rest)
-    if runner.rsplit(".", 1)[-1] not in _LOCAL_RUNNERS:
+    runner = runner_of(rest)
+    if not is_local_runner(runner):
         print(
             f"linstream embed: stopped by {signame}: stopped waiting; the job goes on running on "
             f"{runner} (cancel it there)",
@@ -144,20 +138,24 @@ def _report_stop(config: EmbedConfig, argv: list[str], signame: str, rest: list[
     output = str(config.output).rstrip("/")
     removed = remove_stale_temporaries(output)
     local = "://" not in output
-    if local:
-        files = f"{result_files(output):,} result file(s) finalized under {output}/results"
+    finalized = result_files(output) if local else None
+    if finalized is not None:
+        files = f"{finalized:,} result file(s) finalized under {output}/results"
     else:
         files = f"the result files under {output}/results are finalized"
     tidy = f", {len(removed)} temporary folder(s) removed" if removed else ""
     if config.checkpoint_dir:
         tail = f"resume with: {_resume_command(config, argv)}"
     else:
-        tail = "nothing can be resumed without --checkpoint-dir (run it again to start over)"
+        again = " with --output-mode overwrite" if finalized != 0 else ""
+        tail = (
+            f"nothing can be resumed without --checkpoint-dir (run it again{again} to start over)"
+        )
     print(f"linstream embed: stopped by {signame}: {files}{tidy}; {tail}", file=sys.stderr)
 
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
-    from .job import dead_letter_verdict, run_embed
+    from .job import dead_letter_verdict, is_local_runner, run_embed, runner_of
     from .options import EmbedConfig
     from .stopping import Stopped, run_stoppable
 
@@ -171,10 +169,18 @@ def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
         sys.stderr.flush()
         os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped
     out = str(config.output).rstrip("/")
+    runner = runner_of(rest)
+    if not summary.counters and not is_local_runner(runner):  # e.g. a dry run, or no metrics
+        print(f"linstream embed: handed to {runner}; its counters are on the runner's job page")
+        print(f"results in {out}/results/")
+        return EXIT_OK
     where = f" in {out}/dead_letters/" if summary.dead_letters else ""
     print(f"linstream embed: {summary.line()}")
     print(f"linstream embed: {summary.dead_letter_line()}{where}")
-    print(f"results in {out}/results/")
+    if summary.rows_written is None:
+        print(f"results in {out}/results/")
+    else:
+        print(f"linstream embed: {summary.rows_written:,} result row(s) written to {out}/results/")
     verdict = dead_letter_verdict(summary, config.max_dead_letters)
     if verdict:
         print(f"linstream embed: exit 3: {verdict}", file=sys.stderr)
@@ -224,6 +230,41 @@ def _check_beam_args(rest: list[str]) -> None:
 
 
 # -- parsers ------------------------------------------------------------------------------------
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: sets the same value and says once, in one line, which
+    spelling to use instead."""
+
+    def __init__(self, *args: Any, instead: str, **kwargs: Any) -> None:
+        self.instead = instead
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any, opt: Any = None
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {opt} is deprecated; use {self.instead} (same meaning)",
+            file=sys.stderr,
+        )
+        setattr(ns, self.dest, value)
+
+
+def _chunk_tokens(p: argparse.ArgumentParser, default: int) -> None:
+    """`--chunk-tokens N`, as `linstream embed` spells it; `--chunk-size` is its old name."""
+    p.add_argument(
+        "--chunk-tokens", type=int, default=default, metavar="N", help="tokens per chunk"
+    )
+    p.add_argument(
+        "--chunk-size",
+        dest="chunk_tokens",
+        type=int,
+        default=argparse.SUPPRESS,
+        action=_DeprecatedAlias,
+        instead="--chunk-tokens",
+        metavar="N",
+        help="deprecated: the old name of --chunk-tokens (same default)",
+    )
+
+
 def _verbose(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-v",
@@ -241,7 +282,7 @@ def _add_sample(sub: Any) -> None:
     p.add_argument("--output", required=True, help="directory for the chunk files")
     p.add_argument("--sequences", type=int, default=4, help="number of sequences")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per sequence")
-    p.add_argument("--chunk-size", type=int, default=1024, help="tokens per chunk")
+    _chunk_tokens(p, 1024)
     p.add_argument("--seed", type=int, default=0, help="random seed of the data")
     p.add_argument("--shuffle", action="store_true", help="scramble the chunk order")
     p.add_argument("--duplicates", type=int, default=0, help="chunks to repeat")
@@ -285,7 +326,7 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
     p.add_argument("--sequences", type=int, default=4, help="number of sequences")
     p.add_argument("--tokens", type=int, default=32768, help="tokens per sequence")
-    p.add_argument("--chunk-size", type=int, default=2048, help="tokens per chunk")
+    _chunk_tokens(p, 2048)
     p.add_argument("--seed", type=int, default=0, help="random seed of the data")
     p.add_argument("--model", default="builtin:default", help="model spec or .safetensors")
     p.add_argument(
@@ -296,7 +337,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_warmup(sub: Any) -> None:
-    from linstream.ops.warmup import add_arguments
+    from .warmup_command import add_arguments
 
     p = sub.add_parser(
         "warmup",
@@ -313,7 +354,7 @@ def _add_warmup(sub: Any) -> None:
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
-    from linstream.ops.warmup import run
+    from .warmup_command import run
 
     return run(args)
 
@@ -350,36 +391,6 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-_LOGGERS = ("", "linstream", "linstream.progress", "apache_beam")
-
-
-class _StderrHandler(logging.Handler):
-    """The bare message on whatever `sys.stderr` is at the time (progress lines)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a closed stream: nowhere to show it
-            print(record.getMessage(), file=sys.stderr, flush=True)
-
-
-def _setup_logging(verbose: int) -> dict[str, int]:
-    """Set the log levels for this command; returns the previous ones (restored at the end, so
-    that `main()` called in a process of its own leaves its logging as it found it)."""
-    before = {name: logging.getLogger(name).level for name in _LOGGERS}
-    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("linstream").setLevel(level)
-    progress = logging.getLogger("linstream.progress")
-    progress.setLevel(logging.INFO)
-    if verbose >= 2:
-        logging.getLogger().setLevel(logging.INFO)
-    if verbose == 0:  # the runner logs worker failures with their tracebacks; -v shows them
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    if not any(isinstance(h, _StderrHandler) for h in progress.handlers):
-        progress.addHandler(_StderrHandler())
-        progress.propagate = False
-    return before
-
-
 _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LookupError)
 
 
@@ -402,15 +413,22 @@ def _fail(prog: str, ex: BaseException, code: int, verbose: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    with tolerate_closed_stdout():  # `linstream … | head -1` ends the output, not the command
+        return _main(sys.argv[1:] if argv is None else list(argv))
+
+
+def _main(argv: list[str]) -> int:
     command = _command_of(argv)
-    parser = build_parser(command)
-    args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("embed", "demo"):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    verbose = int(getattr(args, "verbose", 0) or 0)
-    levels = _setup_logging(verbose)
+    levels = setup_logging(verbosity(argv))
     try:
+        with quiet_imports(verbosity(argv)):
+            parser = build_parser(command)
+            if command in ("embed", "demo", "sample"):
+                import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet
+        args, rest = parser.parse_known_args(argv)
+        if rest and args.command not in ("embed", "demo"):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        verbose = int(getattr(args, "verbose", 0) or 0)
         return _run(args, rest, argv, verbose)
     finally:
         for name, level in levels.items():

@@ -54,11 +54,11 @@ def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="linstream-demo-")
     os.makedirs(workdir, exist_ok=True)
     vocab, dim = model_input(args.model)
-    n_chunks = -(-args.tokens // args.chunk_size)
+    n_chunks = -(-args.tokens // args.chunk_tokens)
     chunks = sample_chunks(
         args.sequences,
         args.tokens,
-        args.chunk_size,
+        args.chunk_tokens,
         args.seed,
         shuffle=True,
         duplicates=max(1, args.sequences * n_chunks // 10),
@@ -76,7 +76,7 @@ def run_demo(args: argparse.Namespace, beam_args: list[str]) -> int:
         write_chunk_file(paths[name], part, dim)
     print(
         f"linstream demo: {args.sequences} sequences x {args.tokens:,} tokens in chunks of "
-        f"{args.chunk_size} ({len(chunks)} chunk rows, shuffled, with duplicates) in {workdir}"
+        f"{args.chunk_tokens} ({len(chunks)} chunk rows, shuffled, with duplicates) in {workdir}"
     )
     ckpt = os.path.join(workdir, "checkpoints")
     shutil.rmtree(ckpt, ignore_errors=True)

@@ -20,7 +20,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io import WriteDeadLetters, WriteResults
-from linstream.pipeline.io.text_input import input_token_total, read_input
+from linstream.pipeline.io.output_files import settle_dead_letters
+from linstream.pipeline.io.text_input import read_input
 from linstream.pipeline.stage.counters import NAMESPACE
 from linstream.pipeline.stage.transforms import EmbedSequences
 
@@ -28,21 +29,44 @@ from .flag_values import DeadLetterLimit, parse_dead_letter_limit
 from .local_runner import state_cache_for
 from .options import EmbedConfig
 from .options import add_embed_arguments as add_flags
+from .second_run import check_checkpoint_dir, prepare_output
 
 __all__ = [
     "DEFAULT_LOCAL_RUNNER",
+    "LOCAL_RUNNERS",
     "JobFailed",
     "JobSummary",
     "add_embed_arguments",
     "build_embed_pipeline",
     "check_embed_args",
     "dead_letter_verdict",
+    "embed_transform",
+    "is_local_runner",
     "pipeline_options",
     "run_embed",
+    "runner_of",
 ]
 
 #: The local runner that needs no download (the default DirectRunner may fetch Prism).
 DEFAULT_LOCAL_RUNNER = "FnApiRunner"
+#: Runners whose workers run on this machine (a check of this machine's GPU holds for them).
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
+
+
+def runner_of(beam_args: list[str]) -> str:
+    """The `--runner` the Beam arguments name (the last one given), else the local default."""
+    runner = DEFAULT_LOCAL_RUNNER
+    for i, arg in enumerate(beam_args):
+        if arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+        elif arg == "--runner" and i + 1 < len(beam_args):
+            runner = beam_args[i + 1]
+    return runner
+
+
+def is_local_runner(runner: str) -> bool:
+    """Whether `runner` (a name or a dotted path) runs its workers on this machine."""
+    return runner.rsplit(".", 1)[-1] in LOCAL_RUNNERS
 
 
 def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,24 +88,38 @@ def pipeline_options(beam_args: list[str], *, streaming: bool = False) -> Pipeli
     return PipelineOptions(args)
 
 
+def embed_transform(config: EmbedConfig, *, total_tokens: int | None = None) -> EmbedSequences:
+    """The job's `EmbedSequences` (its model loaded here: ``.model`` names the output width and
+    the fingerprint); ``total_tokens`` (what the job has to do, when counted before the run)
+    gives the progress line an ETA."""
+    return EmbedSequences(
+        config.model,
+        backend=config.backend,
+        state_dtype=config.state_dtype,
+        layer=config.layer,
+        stage=config.stage_config(total_tokens=total_tokens),
+    )
+
+
 def build_embed_pipeline(
-    pipeline: beam.Pipeline, config: EmbedConfig, *, total_tokens: int | None = None
+    pipeline: beam.Pipeline,
+    config: EmbedConfig,
+    *,
+    total_tokens: int | None = None,
+    transform: EmbedSequences | None = None,
 ) -> tuple[Any, Any]:
     """Add read → EmbedSequences → write to `pipeline`; returns (results, dead_letters).
 
     With ``config.streaming``, chunks come from the streaming source (`config.stream`);
-    ``total_tokens`` (the input's, when counted before the run) gives the progress line an ETA.
+    ``total_tokens`` (the input's, when counted before the run) gives the progress line an ETA;
+    ``transform``: the job's `embed_transform`, when the caller made it already.
     """
     output = config.output
     if not output:
         msg = "--output is required"
         raise UsageError(msg)
-    transform = EmbedSequences(
-        config.model,
-        backend=config.backend,
-        state_dtype=config.state_dtype,
-        stage=config.stage_config(total_tokens=total_tokens),
-    )
+    if transform is None:
+        transform = embed_transform(config, total_tokens=total_tokens)
     width = int(transform.model.config.d_model)
     if config.streaming:
         from linstream.pipeline.io.streaming import read_stream_chunks
@@ -115,6 +153,8 @@ class JobSummary:
     wall_s: float
     counters: dict[str, int] = field(default_factory=dict)
     kernel_time_s: float = 0.0
+    #: rows of the result files the job added under ``<output>/results/`` (None: not counted)
+    rows_written: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -158,12 +198,17 @@ def dead_letter_verdict(
     """Why the job must exit 3 (a sentence), or None.
 
     The rule: any `restore_failed` dead letter (a sequence's checkpoint could not be read, so
-    none of its chunks was embedded); a job whose chunks all went to the dead letters; or more
-    dead letters than `--max-dead-letters` (N, or P% of applied chunks + dead letters).
+    none of its chunks was embedded); a job whose chunks all went to the dead letters (none
+    applied, none skipped as applied before: a resumed job with nothing left to do is fine); or
+    more dead letters than `--max-dead-letters` (N, or P% of the chunks the job met: applied,
+    skipped as applied before, and dead letters).
     """
     if isinstance(limit, str):
         limit = parse_dead_letter_limit(limit)
-    dead, chunks = summary.dead_letters, summary.counters.get("chunks", 0)
+    c = summary.counters
+    dead = summary.dead_letters
+    # A chunk skipped as already applied (a resume, a resent chunk) is a chunk done, not dead.
+    chunks = c.get("chunks", 0) + c.get("duplicates", 0) + c.get("duplicates_unchecked", 0)
     restore_failed = summary.counters.get("dead_letters.restore_failed", 0)
     if restore_failed:
         return (
@@ -216,23 +261,18 @@ def check_embed_args(config: EmbedConfig, beam_args: list[str]) -> None:
     if not config.output:
         msg = "--output is required"
         raise UsageError(msg)
-    if config.backend == "cupy":
+    if (beam_args and beam_args[-1] == "--runner") or "--runner=" in beam_args:
+        msg = "--runner needs a value (e.g. FnApiRunner, DataflowRunner)"
+        raise UsageError(msg)
+    # A remote runner's workers have their own GPUs: they check theirs when the stage starts
+    # (EmbedStep.setup refuses a backend that cannot run there); only a local run checks here.
+    if config.backend == "cupy" and is_local_runner(runner_of(beam_args)):
         from linstream.ops.backend import cupy_unavailable_reason
 
         reason = cupy_unavailable_reason()
         if reason:
             msg = f"--backend cupy: no usable GPU here ({reason}); use --backend auto or numba"
             raise UsageError(msg)
-    runner = next(
-        (a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")),
-        None,
-    )
-    if runner is None and "--runner" in beam_args:
-        i = beam_args.index("--runner")
-        runner = beam_args[i + 1] if i + 1 < len(beam_args) else None
-    if runner is not None and not runner:
-        msg = "--runner needs a value (e.g. FnApiRunner, DataflowRunner)"
-        raise UsageError(msg)
 
 
 def numba_cache_is_cold() -> bool:
@@ -255,7 +295,8 @@ _COMPILING = (
 def _announce_compile(config: EmbedConfig, log: Any) -> contextlib.AbstractContextManager[None]:
     """Says once, in one line, that the kernels compile: now, when the cache holds nothing for
     this CPU, else at the first compile the job's own process sees (a cache warmed for another
-    model or state dtype).  Returns the context the job runs in."""
+    model or state dtype, or any cache for a checkpoint folder's model).  Returns the context
+    the job runs in."""
     from linstream.ops import resolve_backend
 
     try:
@@ -264,7 +305,11 @@ def _announce_compile(config: EmbedConfig, log: Any) -> contextlib.AbstractConte
         return contextlib.nullcontext()
     if backend != "numba":
         return contextlib.nullcontext()
-    if numba_cache_is_cold():
+    from linstream.ops.model.runtime import is_model_folder
+
+    # the cold-cache probe is a kernel of the built-in model, which a checkpoint folder's model
+    # never calls (a cache warmed for the folder holds none): for a folder, the first compile says
+    if not is_model_folder(config.model) and numba_cache_is_cold():
         log(_COMPILING)
         return contextlib.nullcontext()
     from linstream.ops.numba_cache import on_first_compile
@@ -286,18 +331,23 @@ def run_embed(
     say = log or logging.getLogger(__name__).info
     beam_args = list(beam_args or [])
     check_embed_args(config, beam_args)
+    check_checkpoint_dir(config)
     from .stopping import remove_stale_temporaries
 
-    output = config.output
+    total = None
+    if config.progress_every and not config.streaming:
+        from .work_left import tokens_to_do
+
+        total = tokens_to_do(config)  # the progress line's 100% (a resume: what is left)
+    opts = pipeline_options(beam_args, streaming=config.streaming)
+    pipeline = beam.Pipeline(options=opts)
+    transform = embed_transform(config, total_tokens=total)
+    build_embed_pipeline(pipeline, config, transform=transform)  # checks the input too
+    output = str(config.output)
     stale = remove_stale_temporaries(output)
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
-    total = None
-    if config.progress_every and not config.streaming:
-        total = input_token_total(config.input_config())  # for the progress line's ETA
-    opts = pipeline_options(beam_args, streaming=config.streaming)
-    pipeline = beam.Pipeline(options=opts)
-    build_embed_pipeline(pipeline, config, total_tokens=total)
+    plan = prepare_output(config, transform.model)  # the last check; overwrite deletes here
     runner = str(opts.get_all_options().get("runner") or "")
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
@@ -312,5 +362,13 @@ def run_embed(
         raise JobFailed(str(ex)) from ex
     wall = time.perf_counter() - t0
     _remove_empty_temp_dirs(output)
+    if output and not config.streaming:  # one record per sequence, chunk and reason
+        try:
+            settle_dead_letters(output)
+        except (OSError, ValueError) as ex:
+            say(
+                f"the dead letters under {output} could not be settled "
+                f"(a record may be there twice): {ex}"
+            )
     counters, kernel_s = _query_metrics(result)
-    return JobSummary(wall, counters, kernel_s)
+    return JobSummary(wall, counters, kernel_s, plan.rows_written())

@@ -11,6 +11,8 @@ Every flag has two spellings, `--checkpoint-dir` and `--checkpoint_dir` (Flex Te
 and Beam's own options use underscores), and both set the same value.  Boolean flags also take a
 value (`--resume=true`, `--streaming=false`), as template parameters carry one.  Every help text
 ends with the default, so `--help` shows it.
+
+(About 420 lines: most of it is the table of flags itself, one field per flag with its help text.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.reader_config import InputConfig, StreamConfig
-from linstream.pipeline.stage.config import StageConfig
+from linstream.pipeline.stage.config import DEFAULT_EMBED_EMIT, StageConfig
 
 from .flag_values import (
     DeadLetterLimit,
@@ -42,6 +44,7 @@ __all__ = [
     "EMBED_FLAGS",
     "EMIT_CHOICES",
     "INPUT_FORMATS",
+    "OUTPUT_MODES",
     "EmbedConfig",
     "Flag",
     "LinstreamOptions",
@@ -54,6 +57,8 @@ EMIT_CHOICES = ("mean", "last", "sequence", "tokens")
 INPUT_FORMATS = ("auto", "chunks", "text", "jsonl", "parquet-text", "tokens-jsonl")
 #: `--backend` values.
 BACKENDS = ("auto", "numpy", "numba", "cupy")
+#: `--output-mode` values: what a job does with an output folder that holds results.
+OUTPUT_MODES = ("new", "append", "overwrite")
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,8 @@ class EmbedConfig:
     tokens_column: str = _flag("token-id list column of tokens-jsonl rows", "tokens")
     tokenizer: str | None = _flag(
         "tokenizer for text input: a tokenizer.json path (local or gs://...) or builtin:bytes "
-        "(UTF-8 bytes, ids 0-255, no download); none: the one the model file names, else "
-        "builtin:bytes",
+        "(UTF-8 bytes, ids 0-255, no download); none: a checkpoint folder's tokenizer.json, "
+        "the one a model file names, else builtin:bytes",
         metavar="SPEC",
     )
     chunk_tokens: int = _flag(
@@ -137,10 +142,26 @@ class EmbedConfig:
         metavar="PATH",
         required=True,
     )
+    output_mode: str = _flag(
+        "when --output already holds results: new (refuse it, unless --resume continues the "
+        "job that wrote them), append (add this job's rows; same --emit, width and model only), "
+        "overwrite (delete its results/ and dead_letters/ first)",
+        "new",
+        choices=OUTPUT_MODES,
+    )
     model: str = _flag(
-        "builtin:default or a .safetensors model file (local or gs://...)",
+        "builtin:default, a .safetensors model file, or a checkpoint folder in fla's format "
+        "(config.json, safetensors, tokenizer.json: GLA, RetNet, DeltaNet, Gated DeltaNet, "
+        "HGRN2); local or gs://...",
         "builtin:default",
         metavar="SPEC",
+    )
+    layer: int | None = _flag(
+        "with a checkpoint folder: emit hidden state N instead of the final one (0 the "
+        "embeddings, N the output of block N, L the final norm); none: the final norm",
+        None,
+        type=non_negative_int,
+        metavar="N",
     )
     checkpoint_dir: str | None = _flag(
         "checkpoint store root (local path or gs://, s3://, memory://); without it nothing "
@@ -155,7 +176,7 @@ class EmbedConfig:
         "last (the chunk's last token), sequence (one vector per finished sequence, the mean "
         "over all its tokens), tokens (one vector per token: d_model x 4 bytes per token, "
         "e.g. 512 MB per million tokens of builtin:default)",
-        "mean",
+        DEFAULT_EMBED_EMIT,
         choices=EMIT_CHOICES,
     )
     backend: str = _flag(

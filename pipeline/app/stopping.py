@@ -62,18 +62,37 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def kill_descendants(pid: int | None = None) -> int:
-    """SIGKILL every process below `pid` (default: this one); returns how many."""
-    root = os.getpid() if pid is None else pid
+def _descendants(root: int) -> list[int]:
     todo, found = [root], []
     while todo:
         for child in _children(todo.pop()):
             found.append(child)
             todo.append(child)
-    for child in found:
-        with contextlib.suppress(OSError):  # already gone
-            os.kill(child, signal.SIGKILL)
-    return len(found)
+    return found
+
+
+def kill_descendants(pid: int | None = None, *, passes: int = 3, gap_s: float = 0.05) -> int:
+    """SIGKILL every process below `pid` (default: this one); returns how many.
+
+    Each process is frozen (SIGSTOP) before any is killed, and killed deepest first: Beam starts
+    a multi_processing worker as `sh -c python …` and stops that worker's logging server as soon
+    as the shell exits, and a worker still running then prints "Logging client failed … resetting"
+    to the terminal the stop's one line goes to. The tree is looked over `passes` times, `gap_s`
+    apart: a worker the runner was starting during the first look is killed by a later one."""
+    root = os.getpid() if pid is None else pid
+    killed: set[int] = set()
+    for n in range(passes):
+        if n:
+            time.sleep(gap_s)
+        new = [c for c in _descendants(root) if c not in killed]  # parents before children
+        for child in new:
+            with contextlib.suppress(OSError):  # already gone
+                os.kill(child, signal.SIGSTOP)
+        for child in reversed(new):
+            killed.add(child)
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+    return len(killed)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,9 @@
     stream_messages  stream message formats (JSON, Arrow IPC) -> chunks or dead letters
     kafka_source     Beam's cross-language Kafka read, and the Java-side options it needs
     output_files     results as Parquet and dead letters as JSON Lines, and reading them back
+    output_record    the output folder's record of its results' schema and model
+    read_progress    the readers' progress lines (`linstream -v`)
+    text_sniff       what a text file is (UTF-8, no NUL byte in its first 8 KiB)
     publish          dead letters to a Pub/Sub topic
 
 Nothing here imports `linstream.pipeline.stage` or `linstream.pipeline.app`.  The chunk and

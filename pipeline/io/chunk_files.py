@@ -22,6 +22,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from linstream.pipeline.elements import Chunk, Rejected, Unencodable
 
+from .read_progress import ReadProgress
 from .special_files import not_a_regular_file, special_file_message
 
 __all__ = [
@@ -226,12 +227,28 @@ def _file_rejected(path: str, message: str) -> Chunk:
     return Chunk("", None, Rejected(UNREADABLE_FILE, f"file {path}: {message}"))
 
 
+def _read_line(c: dict[str, int]) -> str:
+    return f"read {c.get('files', 0):,} chunk file(s), {c.get('rows', 0):,} chunk row(s)"
+
+
 class _ReadChunkFile(beam.DoFn):
     """One matched Parquet file -> its chunks; a file that cannot be read -> one `Rejected`
     chunk naming it (reason ``unreadable_file``), and the job goes on."""
 
+    def __init__(self) -> None:
+        self._progress: ReadProgress | None = None
+
+    def start_bundle(self) -> None:
+        self._progress = ReadProgress(_read_line)
+
+    def finish_bundle(self) -> None:
+        if self._progress is not None:
+            self._progress.done()
+
     def process(self, readable: Any) -> Iterator[Chunk]:
         path = readable.metadata.path
+        if self._progress is not None:
+            self._progress.add(files=1)
         kind = not_a_regular_file(path)
         if kind is not None:  # a FIFO would block the open
             yield _file_rejected(path, special_file_message(kind))
@@ -247,6 +264,8 @@ class _ReadChunkFile(beam.DoFn):
                 for batch in pf.iter_batches(batch_size=_READ_BATCH_ROWS):
                     chunks = list(table_to_chunks(batch, source=path))
                     rows += batch.num_rows
+                    if self._progress is not None:
+                        self._progress.add(rows=batch.num_rows)
                     yield from chunks
         except (pa.ArrowException, OSError, ValueError, TypeError, EOFError) as ex:
             done = f" after its first {rows} rows were read" if rows else ""

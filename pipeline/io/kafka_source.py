@@ -49,6 +49,19 @@ class JavaRunnerOptions(PipelineOptions):
             "needs them: Beam's sinks and the Kafka source require stable input)",
         )
         parser.add_argument(
+            "--number_of_execution_retries",
+            type=int,
+            default=None,
+            help="Flink: how often a failed job is restarted (Flink's default with checkpoints: "
+            "without end; a job whose LOOPBACK workers died with its command cannot recover)",
+        )
+        parser.add_argument(
+            "--execution_retry_delay",
+            type=int,
+            default=None,
+            help="Flink: milliseconds between two restarts of a failed job",
+        )
+        parser.add_argument(
             "--default_environment_type",
             default=None,
             help="where the Java SDK harness of the Kafka source runs: DOCKER (Java's default), "

@@ -10,7 +10,9 @@ reason, message).
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import json
 import os
 import uuid
@@ -36,6 +38,8 @@ __all__ = [
     "read_results",
     "result_schema",
     "results_to_table",
+    "settle_dead_letters",
+    "visible_files",
 ]
 
 RESULTS_DIR = "results"
@@ -247,7 +251,7 @@ def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if "://" in base else os.path.join(base, name)
 
 
-def _visible_files(folder: str, legacy: str | None = None) -> tuple[Any, list[str]]:
+def visible_files(folder: str, legacy: str | None = None) -> tuple[Any, list[str]]:
     """(fsspec filesystem or None for local, sorted file paths under `folder`), leaving out
     hidden names (a path part starting with "." or "_"), as pyarrow.dataset does; plus the
     files matching the glob `legacy` beside `folder` (the flat layout of earlier versions)."""
@@ -282,7 +286,7 @@ def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
     ``<output>/results/`` (any depth; and the flat ``results-*.parquet`` of earlier versions),
     on local disk or any fsspec URL."""
     out: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
-    fs, paths = _visible_files(_join(output, RESULTS_DIR), f"{RESULTS_PREFIX}-*.parquet")
+    fs, paths = visible_files(_join(output, RESULTS_DIR), f"{RESULTS_PREFIX}-*.parquet")
     for path in paths:
         if fs is None:
             table = pq.read_table(path)
@@ -314,7 +318,7 @@ def read_results(output: str) -> dict[tuple[str, int], tuple[int, np.ndarray]]:
 def read_dead_letters(output: str) -> list[dict[str, Any]]:
     """Every dead letter in the JSON Lines files under ``<output>/dead_letters/`` (any depth;
     and the ``dead_letters.jsonl`` of earlier versions), on local disk or any fsspec URL."""
-    fs, paths = _visible_files(_join(output, DEAD_LETTERS_DIR), "dead_letters.jsonl")
+    fs, paths = visible_files(_join(output, DEAD_LETTERS_DIR), "dead_letters.jsonl")
     out: list[dict[str, Any]] = []
     for path in paths:
         if fs is None:
@@ -324,3 +328,69 @@ def read_dead_letters(output: str) -> list[dict[str, Any]]:
             text = fs.cat_file(path).decode("utf-8")
         out.extend(json.loads(line) for line in text.splitlines() if line.strip())
     return out
+
+
+def _dead_letter_key(d: dict[str, Any]) -> tuple[str, ...]:
+    """What makes a dead letter the same one met again: its sequence, chunk and reason; for one
+    that names no sequence (an unreadable file, a row without a usable id), its message too
+    (which names the file and row)."""
+    key = (str(d.get("seq_id")), str(d.get("chunk_index")), str(d.get("reason")))
+    return key if d.get("seq_id") else (*key, str(d.get("message")))
+
+
+def settle_dead_letters(output: str) -> int:
+    """Leave one record per (sequence, chunk, reason) in ``<output>/dead_letters/`` (per
+    message too for records that name no sequence, see `_dead_letter_key`): jobs
+    resumed into one output folder each write the dead letters of the chunks they met, so a
+    chunk met again (a bad row read by every resume) would be recorded once per job.  When the
+    folder holds a record twice, its records are written once each (the first of each key, in
+    file order) to one file named by their content, and the other files go.  Returns how many
+    doubled records went.
+
+    Run by a job that reaches its end, after its own dead letters are written.  A stop in the
+    middle leaves the new file beside some of the old ones; the next job that reaches its end
+    settles them again, to the same file."""
+    folder = _join(output, DEAD_LETTERS_DIR)
+    fs, paths = visible_files(folder)
+    seen: set[tuple[str, ...]] = set()
+    kept: list[str] = []
+    total = 0
+    for path in paths:
+        if fs is None:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = fs.cat_file(path).decode("utf-8")
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            total += 1
+            d = json.loads(line)
+            key = _dead_letter_key(d)
+            if key not in seen:
+                seen.add(key)
+                kept.append(line)
+    if total == len(kept):
+        return 0
+    body = ("\n".join(kept) + "\n").encode("utf-8")
+    name = f"{DEAD_LETTERS_PREFIX}-settled-{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
+    target = _join(folder, name)
+    if fs is None:
+        tmp = _join(folder, f".settling-{uuid.uuid4().hex}")  # hidden: readers skip it
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)  # whole or absent
+    else:
+        fs.pipe_file(target, body)  # one object: whole or absent
+    for path in paths:
+        if path.rstrip("/").rpartition("/")[2] == name:
+            continue
+        if fs is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)
+    return total - len(kept)

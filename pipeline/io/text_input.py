@@ -5,10 +5,17 @@ and how to read them): it looks at `--input` where the pipeline is built (so a m
 an unreadable tokenizer is a usage error, not a failed worker), reads each file on the workers,
 tokenizes, cuts every sequence into chunks of `--chunk-tokens` tokens (the last one
 `final=True`), and returns `(chunks, dead_letters)`.  A file or a row that cannot be read or
-tokenized becomes a dead letter naming the file (and line or row), and the job goes on.
+tokenized becomes a dead letter naming the file (and line or row), and the job goes on; under
+`--input-format auto` a file whose first 8 KiB are not UTF-8 text (a NUL byte, bytes that are
+not UTF-8: an executable, an image) is a `not_text` dead letter, not a sequence of bytes.
 
 `ToChunks` is the same cutting as a PTransform for pipelines of your own: `(seq_id, text)` or
 `(seq_id, token ids)` elements, bounded or unbounded, each one whole sequence.
+
+Over 400 lines because one plan (`input_plan`: the files, their format, the tokenizer) serves
+the reader and the counts made before the run (`input_token_total`, `input_sequence_ids`), and
+those share its private helpers (sequence ids from paths, special files); the format sniffing
+and the per-stage progress lines live in modules of their own.
 """
 
 from __future__ import annotations
@@ -26,18 +33,23 @@ from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, DeadLetter
 from linstream.pipeline.errors import UsageError
 
+from .read_progress import ReadProgress
 from .reader_config import InputConfig
 from .special_files import not_a_regular_file, special_file_message
+from .text_sniff import NOT_TEXT, SNIFF_BYTES, not_text_reason
 from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
 
 __all__ = [
     "DEAD_LETTERS",
+    "NOT_TEXT",
     "InputConfig",
     "ToChunks",
     "detect_format",
     "expand_input",
     "input_plan",
+    "input_sequence_ids",
     "input_token_total",
+    "not_text_reason",
     "read_input",
 ]
 
@@ -60,9 +72,28 @@ def cut(seq_id: str, tokens: np.ndarray, chunk_tokens: int) -> Iterator[Chunk]:
         yield Chunk(seq_id, i, part, final=i == n - 1)
 
 
+def _cut_line(c: dict[str, int]) -> str:
+    return (
+        f"cut {c.get('sequences', 0):,} sequence(s) into {c.get('chunks', 0):,} chunk(s) "
+        f"({c.get('tokens', 0):,} tokens)"
+    )
+
+
+def _read_line(c: dict[str, int]) -> str:
+    return f"read {c.get('files', 0):,} input file(s), {c.get('bytes', 0):,} bytes"
+
+
 class _ToChunksFn(beam.DoFn):
     def __init__(self, tokenizer: TextTokenizer, chunk_tokens: int) -> None:
         self.tokenizer, self.chunk_tokens = tokenizer, chunk_tokens
+        self._progress: ReadProgress | None = None
+
+    def start_bundle(self) -> None:
+        self._progress = ReadProgress(_cut_line)
+
+    def finish_bundle(self) -> None:
+        if self._progress is not None:
+            self._progress.done()
 
     def process(self, element: Any) -> Iterator[Any]:
         try:
@@ -79,6 +110,9 @@ class _ToChunksFn(beam.DoFn):
         if len(tokens) == 0:
             yield _dead(seq_id, "empty_sequence", f"sequence {seq_id!r} has no tokens")
             return
+        if self._progress is not None:
+            chunks = -(-len(tokens) // self.chunk_tokens)
+            self._progress.add(sequences=1, chunks=chunks, tokens=len(tokens))
         yield from cut(seq_id, tokens, self.chunk_tokens)
 
     def _tokens(self, payload: Any) -> np.ndarray:
@@ -144,14 +178,31 @@ class ToChunks(beam.PTransform):
 
 # -- reading files on the workers ---------------------------------------------------------------
 class _ReadSequences(beam.DoFn):
-    """(root, path) -> (seq_id, text | bytes | tokens) per sequence in the file."""
+    """(root, path) -> (seq_id, text | bytes | tokens) per sequence in the file.
 
-    def __init__(self, fmt: str, id_column: str, payload_column: str) -> None:
+    require_text: a file whose first bytes are not UTF-8 text is a `not_text` dead letter
+    (`--input-format auto`); with `--input-format text` every file is read as it is.
+    """
+
+    def __init__(
+        self, fmt: str, id_column: str, payload_column: str, *, require_text: bool = False
+    ) -> None:
         self.fmt, self.id_column, self.payload_column = fmt, id_column, payload_column
+        self.require_text = require_text
+        self._progress: ReadProgress | None = None
+
+    def start_bundle(self) -> None:
+        self._progress = ReadProgress(_read_line)
+
+    def finish_bundle(self) -> None:
+        if self._progress is not None:
+            self._progress.done()
 
     def process(self, item: tuple[str, str]) -> Iterator[Any]:
         root, path = item
         Metrics.counter(NAMESPACE, "input_files").inc()
+        if self._progress is not None:
+            self._progress.add(files=1, bytes=_size_or_zero(path))
         kind = not_a_regular_file(path)
         if kind is not None:  # a FIFO would block the open
             msg = f"{path}: {special_file_message(kind)}"
@@ -160,7 +211,16 @@ class _ReadSequences(beam.DoFn):
         try:
             if self.fmt == "text":
                 with FileSystems.open(path) as fh:
-                    yield (_relative_id(root, path), bytes(fh.read()))
+                    data = bytes(fh.read())
+                why = not_text_reason(data[:SNIFF_BYTES]) if self.require_text else None
+                if why is not None:
+                    msg = (
+                        f"{path}: expected a text file (UTF-8), found {why}; it is not embedded "
+                        "(--input-format text embeds any file as its bytes)"
+                    )
+                    yield _dead(_relative_id(root, path), NOT_TEXT, msg)
+                    return
+                yield (_relative_id(root, path), data)
             elif self.fmt in ("jsonl", "tokens-jsonl"):
                 yield from self._json_lines(path)
             else:
@@ -219,6 +279,16 @@ class _ReadSequences(beam.DoFn):
             msg = f"{where}: {self.payload_column!r} must be a string, got {payload!r:.60}"
             return _dead(str(seq_id), "bad_input_row", msg)
         return (str(seq_id), payload)
+
+
+def _size_or_zero(path: str) -> int:
+    """A local file's size (for the progress line; 0 where asking would cost a request)."""
+    if "://" in path:
+        return 0
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _relative_id(root: str, path: str) -> str:
@@ -338,10 +408,17 @@ def _first_json_row(path: str) -> Any:
 
 def _model_vocab(model: str) -> tuple[int | None, str]:
     """(vocab_size or None for a features model, input kind) of a model spec."""
+    from linstream.ops.model.runtime import is_model_folder
+
+    cfg: Any
     if model.startswith("builtin:"):
         from linstream.ops import load_model
 
         cfg = load_model(model).config
+    elif is_model_folder(model):
+        from linstream.ops.model.fla.folder import read_folder_config
+
+        cfg = read_folder_config(model)  # config.json only: no weights read here
     else:
         from linstream.ops.model.weights import read_model_header
 
@@ -406,9 +483,14 @@ def read_input(pipeline: Any, config: InputConfig) -> tuple[Any, Any]:
         | "InputFiles" >> beam.Create(files)
         | "SpreadFiles" >> beam.Reshuffle()
         | "ReadSequences"
-        >> beam.ParDo(_ReadSequences(fmt, config.id_column, column)).with_outputs(
-            DEAD_LETTERS, main="sequences"
-        )
+        >> beam.ParDo(
+            _ReadSequences(
+                fmt,
+                config.id_column,
+                column,
+                require_text=(config.input_format or "auto") == "auto",
+            )
+        ).with_outputs(DEAD_LETTERS, main="sequences")
     )
     chunk_tokens = int(config.chunk_tokens)
     chunks, cut_dead = (
@@ -418,6 +500,35 @@ def read_input(pipeline: Any, config: InputConfig) -> tuple[Any, Any]:
     read_dead.element_type = DeadLetter
     dead = (read_dead, cut_dead) | "ReadDeadLetters" >> beam.Flatten()
     return chunks, dead
+
+
+def input_sequence_ids(config: InputConfig, max_files: int = 1000) -> set[str] | None:
+    """The ids of the sequences the input holds, found cheaply before the run (text files: their
+    paths; chunk Parquet: the `seq_id` column alone), or None when that would mean reading the
+    data (other formats, more than `max_files` files, an unreadable file)."""
+    try:
+        fmt, files, _tokenizer = input_plan(config)
+    except UsageError:
+        return None
+    if len(files) > max_files:
+        return None
+    if fmt == "text":
+        return {_relative_id(root, path) for root, path in files}
+    if fmt != "chunks":
+        return None
+    import pyarrow.parquet as pq
+
+    ids: set[str] = set()
+    for _, path in files:
+        if not_a_regular_file(path) is not None:
+            continue
+        try:
+            with FileSystems.open(path) as fh:
+                column = pq.read_table(fh, columns=["seq_id"]).column("seq_id")
+        except Exception:  # unreadable, or no seq_id column: the reader dead-letters it
+            return None
+        ids.update(str(v) for v in column.unique().to_pylist() if v is not None)
+    return ids
 
 
 def input_token_total(config: InputConfig, max_files: int = 1000) -> int | None:

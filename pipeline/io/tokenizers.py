@@ -9,7 +9,8 @@ A tokenizer travels as its JSON text (`TextTokenizer.json`), never pickled: it i
 the pipeline is built and handed to the workers as a string.  A model file may name its tokenizer
 in its safetensors metadata (key `tokenizer`: `builtin:bytes`, a path or URL, or a path relative to
 the model file's folder); `resolve_tokenizer` finds it and checks that every id it can produce
-fits the model's vocabulary.
+fits the model's vocabulary.  A checkpoint folder in fla's format gives its own tokenizer.json
+(a folder with only SentencePiece's tokenizer.model is refused in one line saying what to add).
 """
 
 from __future__ import annotations
@@ -65,11 +66,19 @@ def byte_tokenizer() -> Any:
     return tok
 
 
-def read_text(path: str) -> str:
-    """The text of a local or remote file (Beam filesystems), as UTF-8."""
+def _open(path: str) -> Any:
+    """A local file with `open` (no Beam needed: the one-line API reads local files), anything
+    else with Beam's filesystems (gs://, s3://)."""
+    if "://" not in path:
+        return open(path, "rb")
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(path) as fh:
+    return FileSystems.open(path)
+
+
+def read_text(path: str) -> str:
+    """The text of a local or remote file (Beam filesystems), as UTF-8."""
+    with _open(path) as fh:
         return bytes(fh.read()).decode("utf-8")
 
 
@@ -156,13 +165,23 @@ def _join(base: str, rel: str) -> str:
 
 
 def model_tokenizer_spec(model: str) -> str | None:
-    """The tokenizer a model file names in its metadata (resolved against its folder), or None."""
+    """The tokenizer a model file names in its metadata (resolved against its folder), or None;
+    a checkpoint folder's tokenizer.json (TokenizerError when it has none)."""
     if model.startswith("builtin:"):
         return None
-    from apache_beam.io.filesystems import FileSystems
+    from linstream.ops.model.runtime import is_model_folder
+
+    if is_model_folder(model):
+        from linstream.ops.model.fla.folder import folder_tokenizer
+
+        path, problem = folder_tokenizer(model)
+        if path is None:
+            msg = f"--tokenizer not given and {problem}"
+            raise TokenizerError(msg)
+        return path
     from linstream.ops.model.weights import read_model_header
 
-    with FileSystems.open(model) as fh:
+    with _open(model) as fh:
         head = bytes(fh.read(8))
         n = int.from_bytes(head, "little") if len(head) == 8 else 0
         data = head + bytes(fh.read(min(n, 100_000_000)))

@@ -7,7 +7,8 @@
     dofn            SequenceDoFn, the Beam adapter over it: state specs, timer, outputs
     cells           the key's state as the stage sees it: one packed cell and two bags
     records         what the cell holds beside the state: the meta record, the buffer's index,
-                    the window of applied chunks' digests
+                    the window of applied chunks' digests (digests: the window and a chunk's
+                    digest, without Beam, shared with the one-line API)
     applier         one chunk through a step, in bounded blocks, with refusals
     counters        the stage's counters (Beam metrics under `linstream`, injectable)
     steps           the per-chunk functions: raw attention over q/k/v, or the embedding model

@@ -18,22 +18,68 @@ from typing import Any
 
 import numpy as np
 from linstream.pipeline.elements import ChunkResult
-from linstream.state import SequenceState
+from linstream.state import SequenceState, pack_layers, pack_state
 
 from .counters import Counters
 from .progress import Progress
 from .steps import BadInput, ChunkStep
 
-__all__ = ["Applied", "Applier", "Refused", "is_int"]
+__all__ = ["Applied", "Applier", "Refused", "Working", "is_int"]
 
 
 def is_int(x: Any) -> bool:
     return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
 
 
+class Working:
+    """A sequence's state after a chunk, kept as the step's per-layer states: packed for Beam
+    state straight from the layers (`pack_layers`: no stacked copy), stacked into one
+    `SequenceState` only when one is asked for (a commit), and continued from by the next
+    chunk as it is.  A step whose state has a form of its own (``stacks_layers`` False), or
+    layers `pack_layers` does not take, get the state built at once."""
+
+    def __init__(
+        self,
+        step: ChunkStep,
+        before: SequenceState | Working,
+        layers: list[Any],
+        tokens: int,
+        next_chunk: int,
+    ) -> None:
+        self.step, self.layers = step, layers
+        self.seq_id: str = before.seq_id
+        self.position: int = before.position + tokens
+        self.next_chunk: int = next_chunk
+        self._state: SequenceState | None = None
+        self._packed = (
+            pack_layers(self.seq_id, self.position, next_chunk, layers, step.fingerprint)
+            if step.stacks_layers
+            else None
+        )
+        if self._packed is None:  # raises ValueError / TypeError as the step's `advanced` does
+            self._state = step.advanced(
+                as_state(before), layers, tokens=tokens, next_chunk=next_chunk
+            )
+
+    def state(self) -> SequenceState:
+        if self._state is None:
+            self._state = SequenceState.from_layers(
+                self.seq_id, self.position, self.next_chunk, self.layers, self.step.fingerprint
+            )
+        return self._state
+
+    def pack(self) -> bytes:
+        """The state's working-copy bytes (those of `pack_state(state())`)."""
+        return self._packed if self._packed is not None else pack_state(self.state())
+
+
+def as_state(st: SequenceState | Working) -> SequenceState:
+    return st.state() if isinstance(st, Working) else st
+
+
 @dataclass
 class Applied:
-    state: SequenceState
+    state: Working
     result: ChunkResult
 
 
@@ -50,8 +96,11 @@ def _slice(data: Any, lo: int, hi: int) -> Any:
 
 
 def _all_finite(out: Any, layers: Any) -> bool:
+    """Finite outputs and states (per layer: an AttentionState's S and z, or named arrays)."""
     return bool(np.isfinite(out).all()) and all(
-        bool(np.isfinite(a.S).all() and np.isfinite(a.z).all()) for a in layers
+        bool(np.isfinite(a).all())
+        for layer in layers
+        for a in (layer.values() if isinstance(layer, Mapping) else (layer.S, layer.z))
     )
 
 
@@ -81,7 +130,7 @@ class Applier:
         )
 
     def apply(
-        self, seq_id: str, idx: int, data: Any, st: SequenceState | None
+        self, seq_id: str, idx: int, data: Any, st: SequenceState | Working | None
     ) -> Applied | Refused:
         n = self.step.tokens(data)
         if n > self.max_tokens:
@@ -92,19 +141,17 @@ class Applier:
             )
         try:
             if st is None:
-                st = SequenceState.initial(
-                    seq_id,
-                    self.step.state_shape(data),
-                    self.step.fingerprint,
-                    dtype=self.step.state_dtype,
-                )
+                st = self.step.initial_state(seq_id, data)
         except (ValueError, TypeError) as ex:  # e.g. a zero-sized head or width
             return Refused("bad_shape", f"{type(ex).__name__}: {ex}")
-        layers = st.layers()
         parts: list[np.ndarray] = []
         total: np.ndarray | None = None
         t0 = time.perf_counter()
         try:
+            if isinstance(st, Working) and self.step.stacks_layers:
+                layers = st.layers  # the previous chunk's, as the step returned them
+            else:
+                layers = self.step.carried(as_state(st))
             for lo in range(0, n, self.block):
                 out, layers = self.step.apply(_slice(data, lo, min(n, lo + self.block)), layers)
                 if not _all_finite(out, layers):
@@ -138,9 +185,10 @@ class Applier:
             emitted = np.ascontiguousarray(parts[0][0])
         else:
             emitted = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        new = SequenceState.from_layers(
-            seq_id, st.position + n, idx + 1, layers, self.step.fingerprint
-        )
+        try:
+            new = Working(self.step, st, layers, n, idx + 1)
+        except (ValueError, TypeError) as ex:
+            return Refused("compute_error", f"{type(ex).__name__}: {ex}")
         self.m.chunks.inc()
         self.m.tokens.inc(n)
         self.progress.add(n)

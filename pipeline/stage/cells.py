@@ -31,6 +31,7 @@ import numpy as np
 from linstream.pipeline.elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder
 from linstream.state import SequenceState, pack_state
 
+from .applier import Working
 from .records import BufferIndex, DigestWindow, Meta
 
 __all__ = [
@@ -130,8 +131,11 @@ class Cells:
         self._outputs, self._chunks = parts[4], parts[5]
         self.state_raw: bytes | None = bytes(rest) if rest else None
 
-    def set_state(self, st: SequenceState | None) -> None:
-        self.state_raw = None if st is None else pack_state(st)
+    def set_state(self, st: SequenceState | Working | None) -> None:
+        if st is None:
+            self.state_raw = None
+        else:
+            self.state_raw = st.pack() if isinstance(st, Working) else pack_state(st)
 
     def flush(self) -> None:
         parts = (

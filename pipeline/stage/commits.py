@@ -2,22 +2,21 @@
 
 The stateful stage (sequence_stage.py) calls `Commits.restore` when a sequence is first seen
 with resume on, or returns after an eviction, and `Commits.commit` every ``checkpoint_every``
-chunks, at the final chunk and when the sequence goes idle.  A commit writes the held outputs as
-the span it finalizes (spans.py) and creates the next commit of the sequence's chain;
+chunks, at the final chunk and when the sequence goes idle.  A commit writes the held outputs
+to a pending file of the open output group (spans.py) and creates the next commit of the
+sequence's chain, whose manifest names the sequence's span in the group;
 docs/crash-recovery.md describes the protocol.
 
-Publishing a committed span (its last step: the final name linked and made durable) runs in a
-background thread, off the per-element path: the commit already names the span, and a restore
-rolls it forward if a crash stopped the publish.  A sequence's publish is waited for before its
-next commit (a restore rolls forward the newest commit only) and all of them at the end of
-each bundle (`flush`), so a bundle that succeeds has published every span it committed.
+Publishing (the group's committed rows as one file) happens when the group closes: at the end
+of each bundle (`flush`), so a bundle that succeeds has published every span it committed, or
+once the group holds `spans.GROUP_BYTES`.  A restore rolls the sequence's newest span forward
+whoever wrote it, so a crash between a commit and its publish loses nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from linstream.state import (
@@ -29,13 +28,14 @@ from linstream.state import (
     History,
     OutputSpan,
     SequenceState,
+    SupersededError,
 )
 from linstream.state.store.manifest import Manifest
 
 from .cells import Cells
 from .counters import Counters
 from .records import DigestWindow, Meta
-from .spans import SpanWriter
+from .spans import SpanWriter, Staged
 from .steps import ChunkStep
 
 __all__ = ["Commits"]
@@ -58,10 +58,10 @@ class Commits:
     ) -> None:
         self.store, self.spans, self.step, self.m = store, spans, step, counters
         self.emit, self.restore_fallback = emit, restore_fallback
-        self._publisher: ThreadPoolExecutor | None = None
-        self._publishing: dict[str, Future[bool]] = {}
         if spans is not None:  # output folders this store's jobs marked are trusted too
             spans.store_location = store.location
+            # Rows are published only once the commits naming them are durable.
+            spans.durable, spans.durable_seq = store.sync, store.sync_seq
 
     def _check(self, m: Manifest) -> None:
         """A manifest's output span names only files this job may touch (else it is refused
@@ -69,40 +69,37 @@ class Commits:
         if self.spans is not None and m.history is not None and m.history.outputs is not None:
             self.spans.check(m.history.outputs, m.seq_id)
 
+    def start_bundle(self) -> None:
+        if self.spans is not None:
+            self.spans.reset()  # a group left by a failed bundle is rolled forward by others
+
     def flush(self) -> None:
-        """Wait for every background publish; raises the first one's error."""
-        pending, self._publishing = self._publishing, {}
-        for future in pending.values():
-            future.result()
+        """Make the commits made since the last flush durable (their folders' fsyncs, batched:
+        ``CheckpointStore.sync``), then publish the open output group (every span they
+        committed)."""
+        self.store.sync()
+        if self.spans is not None:
+            self.spans.flush()
 
     def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            if self._publisher is not None:
-                self._publisher.shutdown()
-                self._publisher = None
+        self.flush()
 
-    def _publish_later(self, seq_id: str, span: OutputSpan) -> None:
-        assert self.spans is not None
-        if self._publisher is None:
-            self._publisher = ThreadPoolExecutor(1, thread_name_prefix="linstream-publish")
-        self._publishing[seq_id] = self._publisher.submit(self.spans.publish, span, written=True)
-
-    def _discard(self, span: OutputSpan | None, writing: Any) -> None:
+    def _discard(self, staged: Staged | None) -> None:
         """A span whose commit did not happen (or was another writer's): its file goes."""
-        _join_quietly(writing)
-        if span is not None and self.spans is not None:
-            self.spans.discard(span)
+        if staged is not None and self.spans is not None:
+            _join_quietly(staged.writing)
+            self.spans.discard(staged)
 
-    def _keep_outputs(
-        self, seq_id: str, kept: History, span: OutputSpan | None, writing: Any
-    ) -> None:
+    def _keep_outputs(self, seq_id: str, kept: History, staged: Staged | None) -> None:
         """Another commit of the same state stands: its outputs are published and this
         writer's copy of them goes; unless they are lost, when this writer's span (the same
         chunks, computed from the same state) is published in their place."""
-        if self.finalize_outputs(kept):
-            self._discard(span, writing)
+        spans = self.spans
+        if spans is None:
+            return
+        if self.finalize_outputs(seq_id, kept):
+            self._discard(staged)
+            spans.continued_elsewhere(seq_id)
             return
         lost = kept.outputs
         assert lost is not None
@@ -110,24 +107,20 @@ class Commits:
             f"sequence {seq_id!r}: the outputs of chunks {lost.first_chunk}..{lost.end_chunk - 1}"
             f" (commit {kept.commit}, {lost.file}) are missing or damaged"
         )
-        if not _same_chunks(span, lost):
-            self._discard(span, writing)
+        if staged is None or not _same_chunks(staged.span, lost):
+            self._discard(staged)
+            spans.continued_elsewhere(seq_id)
             _log.warning("%s; this job did not compute the same chunks", what)
             return
-        assert span is not None
         try:
-            writing.result()
+            if staged.writing is not None:
+                staged.writing.result()
         except Exception:
-            self._discard(span, None)
+            self._discard(staged)
             raise
         _log.warning("%s; this job's own output of the same chunks is published instead", what)
-        self._publish_later(seq_id, span)
-
-    def _published(self, seq_id: str) -> None:
-        """The sequence's previous span is published (raises its error)."""
-        future = self._publishing.pop(seq_id, None)
-        if future is not None:
-            future.result()
+        spans.discard_lost(lost, seq_id, kept.commit)  # what is left of them goes
+        spans.committed(staged)
 
     def restore(self, seq_id: str, data: object, meta: Meta, cells: Cells) -> SequenceState | None:
         """The sequence's newest committed state (None: never committed); fills ``meta`` and
@@ -138,7 +131,6 @@ class Commits:
         commit's: the sequence continues from there, so that those chunks are computed and
         published again (the next commit is numbered above the newest, as after a fallback).
         """
-        self.flush()  # a roll-forward below may publish a span a background publish holds
         shape = self.step.state_shape(data)
         head = self.store.head(
             seq_id,
@@ -164,15 +156,18 @@ class Commits:
             return None
         # After a fallback the next commit goes above the unreadable ones (newest_commit).
         meta.commit_no = max(head.history.commit, head.newest_commit)
+        if self.spans is not None:
+            self.spans.forget(seq_id)  # its rows in the open group are the newest commit's
         start: Head | None = head
-        if not self.finalize_outputs(head.history):
+        if not self.finalize_outputs(seq_id, head.history):
             start = self._before_lost_outputs(seq_id, head, shape)
         if self.spans is not None:
             # Pending files of commits the history holds (by number, never by age).
             self.spans.remove_orphans(seq_id, up_to_commit=meta.commit_no)
+            again = 0 if start is None else start.state.next_chunk
             for _path, skipped in head.skipped:  # rolled back: their chunks are applied again
                 if skipped is not None and skipped.history and skipped.history.outputs:
-                    self.spans.remove_published(skipped.history.outputs)
+                    self.spans.remove_published(skipped.history.outputs, seq_id, again)
         self.m.restores.inc()
         if start is None:  # from the first chunk again
             meta.committed_next, meta.committed_position, meta.final_index = 0, 0, -1
@@ -189,8 +184,8 @@ class Commits:
     def _before_lost_outputs(
         self, seq_id: str, head: Head, shape: tuple[int, ...] | None
     ) -> Head | None:
-        """Where to continue when ``head``'s outputs are lost: its parent commit (None: the
-        sequence's start), or ``head`` itself when the parent cannot give them back."""
+        """Where to continue when ``head``'s outputs are lost: the commit its span starts from
+        (None: the sequence's start), or ``head`` itself when the store cannot give it."""
         span = head.history.outputs
         assert span is not None and self.spans is not None
         what = (
@@ -198,22 +193,16 @@ class Commits:
             f"{span.end_chunk - 1} (commit {head.history.commit}, {span.file}) are missing or "
             "damaged"
         )
-        parent: Head | None = None
+        at = span.first_chunk
+        start: Head | None = None
         why = ""
-        if head.history.parent_position > 0:
+        if at > 0:
             try:
-                parent = self.store.read_position(
-                    seq_id,
-                    head.history.parent_position,
-                    fingerprint=self.step.fingerprint,
-                    expected_shape=shape,
-                    check=self._check,
-                )
+                start = self._commit_ending_at(seq_id, head, at, shape)
             except CheckpointError as ex:
                 why = f"the commit before them cannot be read ({ex})"
-        at = 0 if parent is None else parent.state.next_chunk
-        if not why and at != span.first_chunk:
-            why = f"the commit before them ends at chunk {at}, not {span.first_chunk}"
+            if not why and start is None:
+                why = f"the store keeps no commit that ends at chunk {at}"
         if why:
             _log.warning(
                 "%s and cannot be computed again from this store: %s. To get them back, run "
@@ -228,16 +217,36 @@ class Commits:
             what,
             at,
         )
-        self.spans.discard(span)  # a damaged pending file must not be published later
-        self.spans.remove_published(span)  # a damaged published one goes
-        return parent
+        self.spans.discard_lost(span, seq_id, head.history.commit)
+        return start
 
-    def finalize_outputs(self, history: History) -> bool:
+    def _commit_ending_at(
+        self, seq_id: str, head: Head, at: int, shape: tuple[int, ...] | None
+    ) -> Head | None:
+        """The sequence's commit whose state ends at chunk ``at`` (the parent first; None when
+        the store keeps none)."""
+        positions = [head.history.parent_position] if head.history.parent_position > 0 else []
+        for info in self.store.commits(seq_id):
+            if info.next_chunk == at and info.position not in positions:
+                positions.append(info.position)
+        for position in positions:
+            found = self.store.read_position(
+                seq_id,
+                position,
+                fingerprint=self.step.fingerprint,
+                expected_shape=shape,
+                check=self._check,
+            )
+            if found.state.next_chunk == at:
+                return found
+        return None
+
+    def finalize_outputs(self, seq_id: str, history: History) -> bool:
         """Roll a commit's output span forward (publish it if a crash stopped that); False when
-        its outputs are lost (neither its file nor its pending copy holds them)."""
+        its outputs are lost (neither its published files nor its pending ones hold them)."""
         if self.spans is None or history.outputs is None:
             return True
-        if self.spans.publish(history.outputs):
+        if self.spans.publish(history.outputs, seq_id, history.commit):
             return True
         self.m.outputs_missing.inc()
         return False
@@ -249,28 +258,30 @@ class Commits:
         another job advanced the sequence (``meta.fenced`` is then set)."""
         if meta.committed_next == st.next_chunk:
             return st, None
-        self._published(seq_id)
-        span = writing = None
-        if self.spans is not None:
-            results = cells.held_outputs()
-            if results:  # written while the commit's own files are (the commit waits for it)
-                span, writing = self.spans.write_pending_async(
-                    seq_id, results, commit=meta.commit_no + 1
-                )
+        staged = None
+        if self.spans is not None:  # written while the commit's own files are (it waits)
+            staged = self.spans.stage(
+                seq_id,
+                cells.held_outputs(),
+                commit=meta.commit_no + 1,
+                since=max(meta.committed_next, 0),
+                end=st.next_chunk,
+            )
         history = History(
             meta.commit_no + 1,
             meta.committed_position,
             meta.final_index if 0 <= meta.final_index < st.next_chunk else -1,
             cells.window.data,
-            span,
+            None if staged is None else staged.span,
             (cells.outsum or b"") if self.emit == "sequence" else b"",
         )
+        writing = None if staged is None else staged.writing
         try:
             outcome = self.store.commit(
                 st, history, ready=None if writing is None else writing.result
             )
         except DivergentStateError as ex:  # another job advanced it, or another model's state
-            self._discard(span, writing)
+            self._discard(staged)
             meta.fenced = True
             return st, ex
         except BaseException:
@@ -278,8 +289,8 @@ class Commits:
             raise
         self.m.commits.inc()
         if outcome == CommitOutcome.COMMITTED:
-            if span is not None:  # its write is durable: the commit waited for it
-                self._publish_later(seq_id, span)
+            if staged is not None and self.spans is not None:  # durable: the commit waited
+                self.spans.committed(staged)
         else:
             # A retried bundle (or a twin job): the commit that is there stands, with its outputs.
             try:
@@ -287,10 +298,14 @@ class Commits:
                     seq_id, history.commit, fingerprint=self.step.fingerprint, check=self._check
                 )
             except DivergentStateError as ex:  # gone: the other job moved on past it
-                self._discard(span, writing)
+                self._discard(staged)
                 meta.fenced = True
                 return st, ex
-            self._keep_outputs(seq_id, kept.history, span, writing)
+            except CheckpointError as ex:  # gone or changed before it was read back
+                self._discard(staged)
+                meta.fenced = True
+                return st, _taken(seq_id, history.commit, ex)
+            self._keep_outputs(seq_id, kept.history, staged)
             if outcome == CommitOutcome.DUPLICATE:
                 self.m.commit_duplicates.inc()
             else:
@@ -300,6 +315,17 @@ class Commits:
         meta.committed_position = st.position
         cells.clear_outputs()
         return st, None
+
+
+def _taken(seq_id: str, commit: int, why: CheckpointError) -> SupersededError:
+    """The refusal of a writer whose commit found another writer's equal commit there, which
+    could not be read back (its writer's retention removed it, having moved on): the sequence
+    is the other writer's."""
+    msg = (
+        f"sequence {seq_id!r}: commit {commit} is another writer's and could not be read back "
+        f"({why}): another job advanced this sequence (one writer per sequence history)"
+    )
+    return SupersededError(msg)
 
 
 def _same_chunks(a: OutputSpan | None, b: OutputSpan | None) -> bool:

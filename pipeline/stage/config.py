@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EMIT_MODES", "StageConfig"]
+__all__ = ["DEFAULT_EMBED_EMIT", "EMIT_MODES", "StageConfig"]
 
 #: tokens: one vector per token; mean / last: one per chunk; sequence: one per finished sequence
 #: (the mean over all its tokens, from a running sum carried with the state).
 EMIT_MODES = ("tokens", "mean", "last", "sequence")
+#: What `EmbedSequences` and `linstream embed` emit unless told: one vector per chunk, the mean
+#: of its tokens' embeddings.  (`CausalLinearAttention` and a bare `StageConfig` emit "tokens".)
+DEFAULT_EMBED_EMIT = "mean"
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class SequenceDoFn(beam.DoFn):
     def setup(self) -> None:
         self.stage.setup()
 
+    def start_bundle(self) -> None:
+        self.stage.start_bundle()
+
     def finish_bundle(self) -> None:
         self.stage.finish_bundle()
 

@@ -1,8 +1,9 @@
 """The progress line: tokens done (of the total when it is known), tokens/s and the ETA.
 
 Logged through `logging` (logger `linstream.progress`, level INFO); the `linstream` command
-shows it on stderr.  The total comes from `text_input.input_token_total` (Parquet footers, text
-file sizes), counted before the run; each worker reports its own share.
+shows it on stderr.  The total is what the job has to do, counted before the run
+(`linstream.pipeline.app.work_left`: the input's tokens from Parquet footers or text file sizes,
+less what a resumed job's checkpoints already hold); each worker reports its own share.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Small values the stateful stage keeps beside a sequence's state: the per-key meta record, the
-index of buffered chunks, the window of applied chunks' digests, and a chunk's content digest.
+index of buffered chunks, and (from digests.py, which needs no Beam) the window of applied
+chunks' digests and a chunk's content digest.
 
 Each is packed into bytes for a Beam read-modify-write state cell, so that ordering decisions
 never read the bag of buffered chunks: only a drain (the next chunk to apply arrived, and the
@@ -8,14 +9,13 @@ index says chunks right behind it are buffered) reads it.
 
 from __future__ import annotations
 
-import hashlib
 import struct
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from linstream.state import DIGEST_BYTES, MAX_DIGESTS
+from linstream.state import DIGEST_BYTES
+
+from .digests import DigestWindow, chunk_digest
 
 __all__ = ["BufferIndex", "DigestWindow", "Meta", "chunk_digest"]
 
@@ -123,50 +123,3 @@ class BufferIndex:
     def above(self, index: int) -> np.ndarray:
         """Buffered chunk numbers above ``index``."""
         return self.rows["index"][self.rows["index"] > index]
-
-
-class DigestWindow:
-    """Content digests of the newest applied chunks (at most MAX_DIGESTS), for chunks
-    ``next_chunk - len .. next_chunk - 1``: a resent chunk is compared with what was applied."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, raw: bytes | None) -> None:
-        self.data = bytes(raw or b"")
-
-    def __len__(self) -> int:
-        return len(self.data) // DIGEST_BYTES
-
-    def push(self, digest: bytes) -> None:
-        if len(digest) != DIGEST_BYTES:
-            msg = f"a chunk digest has {DIGEST_BYTES} bytes, got {len(digest)}"
-            raise ValueError(msg)
-        self.data = (self.data + digest)[-MAX_DIGESTS * DIGEST_BYTES :]
-
-    def get(self, index: int, next_chunk: int) -> bytes | None:
-        """The digest of applied chunk ``index``, or None when it is outside the window."""
-        k = index - (next_chunk - len(self))
-        if not 0 <= k < len(self):
-            return None
-        return self.data[k * DIGEST_BYTES : (k + 1) * DIGEST_BYTES]
-
-
-def chunk_digest(data: Any, final: bool) -> bytes:
-    """BLAKE2b of a validated payload (arrays or a mapping of arrays) and its final flag."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    h.update(b"F" if final else b"-")
-    _feed(h, data)
-    return h.digest()
-
-
-def _feed(h: Any, data: Any) -> None:
-    if isinstance(data, Mapping):
-        for key in sorted(data):
-            h.update(f"k{key}\x00".encode())
-            _feed(h, data[key])
-        return
-    arr = np.ascontiguousarray(data)
-    if arr.dtype.kind in "iu":  # token ids: the same ids are the same chunk, whatever the width
-        arr = arr.astype("<i8")
-    h.update(f"a{arr.dtype.str}{list(arr.shape)}\x00".encode())
-    h.update(arr.data)

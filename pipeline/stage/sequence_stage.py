@@ -21,6 +21,7 @@ an injected `MetricSource` (Beam's metrics by default).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -29,7 +30,7 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, 
 from linstream.pipeline.elements import Chunk, ChunkResult, DeadLetter
 from linstream.state import CheckpointError, CheckpointStore, SequenceState, unpack_state
 
-from .applier import Applied, Applier, is_int
+from .applier import Applied, Applier, Working, as_state, is_int
 from .cells import Cells, Ready, StateCells
 from .commits import Commits
 from .config import StageConfig
@@ -44,6 +45,12 @@ __all__ = ["IdleTimer", "Output", "SequenceStage"]
 #: What the stage yields: a chunk's result, or a dead letter.
 Output = ChunkResult | DeadLetter
 
+_log = logging.getLogger(__name__)
+
+#: Commits whose folders' fsyncs are made together (``CheckpointStore.sync_batch``): at the
+#: latest when this many wait, and at every bundle's end, before its outputs are published.
+SYNC_BATCH = 64
+
 
 class IdleTimer(Protocol):
     """The key's idle timer (Beam's event-time timer object)."""
@@ -54,8 +61,9 @@ class IdleTimer(Protocol):
 class SequenceStage:
     """The per-sequence logic of the stateful stage (see the module docstring).
 
-    ``setup()`` before the first chunk (loads the step, opens the store), ``finish_bundle()``
-    after each bundle (every span committed in it is published), ``teardown()`` at the end.
+    ``setup()`` before the first chunk (loads the step, opens the store), ``start_bundle()``
+    and ``finish_bundle()`` around each bundle (every span committed in it is published at its
+    end), ``teardown()`` at the end.
     """
 
     def __init__(
@@ -68,13 +76,16 @@ class SequenceStage:
         self._applier: Applier | None = None
         self._store: CheckpointStore | None = None
         self._commits: Commits | None = None
+        self._chunks_logged = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.config
         self.step.setup()
         if cfg.checkpoint_dir:
-            self._store = CheckpointStore(cfg.checkpoint_dir, keep=cfg.checkpoint_keep)
+            self._store = CheckpointStore(
+                cfg.checkpoint_dir, keep=cfg.checkpoint_keep, sync_batch=SYNC_BATCH
+            )
             spans = None
             if cfg.output_dir:
                 spans = SpanWriter(cfg.output_dir, per_token=cfg.emit == "tokens")
@@ -87,9 +98,17 @@ class SequenceStage:
                 restore_fallback=cfg.restore_fallback,
             )
 
+    def start_bundle(self) -> None:
+        if self._commits is not None:
+            self._commits.start_bundle()
+
     def finish_bundle(self) -> None:
         if self._commits is not None:
             self._commits.flush()  # every span this bundle committed is published
+        progress = None if self._applier is None else self._applier.progress
+        if progress is not None and progress.chunks > self._chunks_logged:
+            self._chunks_logged = progress.chunks  # `linstream -v`: where the stage stands
+            _log.info("%s", progress.line().removeprefix("linstream: "))
 
     def teardown(self) -> None:
         try:
@@ -150,9 +169,7 @@ class SequenceStage:
         view = Cells(cells)
         meta = view.meta
         if meta.fenced:
-            yield self._dead(
-                seq_id, idx, "fenced", "another job advanced this sequence; this job stopped it"
-            )
+            yield self._fenced(seq_id, idx)
             return
         try:
             st = self._current_state(seq_id, data, meta, view)
@@ -184,13 +201,21 @@ class SequenceStage:
 
     # -- idle -------------------------------------------------------------------------------
     def on_idle(self, seq_id: str, cells: StateCells) -> Iterator[Output]:
-        """The idle timer fired: report the gap, commit, and clear the key's state."""
+        """The idle timer fired: commit, report the chunks stuck in the buffer (behind a gap,
+        or `fenced` when another job has the sequence), and clear the key's state."""
         view = Cells(cells)
         meta = view.meta
         raw = view.state_raw
         st = None if raw is None else unpack_state(raw, expected_fingerprint=self.step.fingerprint)
         next_chunk = 0 if st is None else st.next_chunk
-        if len(view.index):
+        committed = st is not None and self._commits is not None and not meta.fenced
+        if committed:
+            assert st is not None
+            _st, refused = self._commit(seq_id, st, meta, view)
+            yield from refused
+        if meta.fenced:
+            yield from self._fenced_buffer(seq_id, view)
+        elif len(view.index):
             for i in view.index.rows["index"]:
                 yield self._dead(
                     seq_id,
@@ -200,9 +225,7 @@ class SequenceStage:
                     f"went idle; resend chunks from {next_chunk} on to continue it",
                 )
             view.clear_chunks()
-        if st is not None and self._commits is not None and not meta.fenced:
-            _st, refused = self._commit(seq_id, st, meta, view)
-            yield from refused
+        if committed:
             self._evict(meta, view)
             meta.evicted = not meta.fenced
         meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
@@ -227,6 +250,18 @@ class SequenceStage:
         self.m.evictions.inc()
 
     # -- dead letters and commits -----------------------------------------------------------
+    def _fenced(self, seq_id: str, index: Any) -> DeadLetter:
+        return self._dead(
+            seq_id, index, "fenced", "another job advanced this sequence; this job stopped it"
+        )
+
+    def _fenced_buffer(self, seq_id: str, view: Cells) -> Iterator[DeadLetter]:
+        """The chunks still waiting in a fenced sequence's buffer: another job has the
+        sequence, so they are `fenced` (not a gap), and the buffer is emptied."""
+        for i in view.index.rows["index"]:
+            yield self._fenced(seq_id, int(i))
+        view.clear_chunks()
+
     def _dead(self, seq_id: str, index: Any, reason: str, message: str) -> DeadLetter:
         self.m.dead(reason)
         idx = int(index) if is_int(index) else None
@@ -288,7 +323,9 @@ class SequenceStage:
             )
             return
         if idx < next_chunk:
-            yield from self._duplicate(seq_id, idx, digest, view.window.get(idx, next_chunk))
+            applied = view.window.get(idx, next_chunk)
+            committed = idx < meta.committed_next  # in a commit: this job's or an earlier one's
+            yield from self._duplicate(seq_id, idx, digest, applied, committed=committed)
             return
         index = view.index
         if idx > next_chunk:
@@ -324,18 +361,30 @@ class SequenceStage:
         yield from self._apply_run(seq_id, [(idx, data, final, digest)], st, meta, view)
 
     def _duplicate(
-        self, seq_id: str, idx: int, digest: bytes, applied: bytes | None
+        self,
+        seq_id: str,
+        idx: int,
+        digest: bytes,
+        applied: bytes | None,
+        *,
+        committed: bool = False,
     ) -> Iterator[Output]:
         if applied is None:
             self.m.duplicates_unchecked.inc()  # older than the digest window
         elif applied != digest:
-            yield self._dead(
-                seq_id,
-                idx,
-                "conflicting_duplicate",
-                "a chunk with this index and other content (or another final flag) was "
-                "already accepted; the first one is kept",
-            )
+            if committed:  # e.g. an input file edited between a job and its --resume
+                message = (
+                    f"the input for sequence {seq_id!r} changed since its checkpoint (chunk {idx} "
+                    "differs from the one applied: other content or another final flag); the "
+                    "applied chunk is kept. Resume with the input it was made from, or start "
+                    "the sequence again in an empty checkpoint folder"
+                )
+            else:
+                message = (
+                    "a chunk with this index and other content (or another final flag) was "
+                    "already accepted; the first one is kept"
+                )
+            yield self._dead(seq_id, idx, "conflicting_duplicate", message)
             return
         self.m.duplicates.inc()
 
@@ -343,7 +392,7 @@ class SequenceStage:
         self,
         seq_id: str,
         ready: list[Ready],
-        st: SequenceState | None,
+        st: SequenceState | Working | None,
         meta: Meta,
         view: Cells,
     ) -> Iterator[Output]:
@@ -368,9 +417,10 @@ class SequenceStage:
                     meta.final_index = cidx
                 due = st.next_chunk - max(meta.committed_next, 0) >= self.config.checkpoint_every
                 if due or cfinal:
-                    st, refused = self._commit(seq_id, st, meta, view)
+                    st, refused = self._commit(seq_id, as_state(st), meta, view)
                     yield from refused
-                    if meta.fenced:
+                    if meta.fenced:  # what waits in the buffer will not be applied either
+                        yield from self._fenced_buffer(seq_id, view)
                         ready = []
                         break
                 if cfinal:  # nothing after the final chunk is applied
@@ -388,7 +438,7 @@ class SequenceStage:
             view.set_state(st)
 
     def _emitted(
-        self, result: ChunkResult, st: SequenceState, final: bool, view: Cells
+        self, result: ChunkResult, st: SequenceState | Working, final: bool, view: Cells
     ) -> ChunkResult | None:
         """The chunk's result, or with emit="sequence" the running sum (and at the final chunk
         the sequence's mean over all its tokens, as its one result)."""

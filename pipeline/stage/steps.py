@@ -3,12 +3,21 @@
 A step checks one chunk's payload (`validate`, raising `BadInput` with a dead-letter reason),
 makes a sequence's first state, and applies a chunk to a state.  `SequenceStage`
 (sequence_stage.py) does the rest — ordering, state, checkpoints — the same way for every step.
+
+The state a step carries is a `SequenceState`: S and z per layer for raw attention and the
+built-in model; for a checkpoint folder in fla's format, the model's named arrays (S, the short
+convolutions' tails) stacked over its layers, its position the sequence's (`carried` and
+`advanced` convert between the two forms).
+
+(About 520 lines: the two steps, raw attention and the embedding model, share the payload checks
+and the state conversions above them.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +26,7 @@ import numpy as np
 from apache_beam.utils import shared
 from linstream.ops import AttentionState, causal_linear_attention, get_feature_map
 from linstream.pipeline.elements import Unencodable
-from linstream.state import CheckpointError, ModelMismatchError
+from linstream.state import CheckpointError, ModelMismatchError, SequenceState
 
 from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
 
@@ -50,6 +59,10 @@ class ChunkStep:
     fingerprint: str = ""
     #: where the carried state lives: "float64" (default) or "float32".
     state_dtype: np.dtype = np.dtype(np.float64)
+    #: Whether `advanced` stacks the layers `apply` returns (`SequenceState.from_layers`) and
+    #: `carried` unstacks them: the stage then continues from those layers as they are and
+    #: stacks them only for a commit.
+    stacks_layers: bool = True
 
     def setup(self) -> None:
         """Load heavy things (model weights, compiled kernels) once per worker."""
@@ -59,13 +72,33 @@ class ChunkStep:
         raise NotImplementedError
 
     def state_shape(self, data: Any) -> tuple[int, int, int, int]:
-        """(L, H, F, d_v) of the state a sequence starting with this (valid) payload carries."""
+        """(L, H, F, d_v) of the state a sequence starting with this (valid) payload carries
+        (S's shape; a restore refuses a commit of another)."""
         raise NotImplementedError
+
+    def initial_state(self, seq_id: str, data: Any) -> SequenceState:
+        """The zero state of a sequence starting with this (valid) payload."""
+        return SequenceState.initial(
+            seq_id, self.state_shape(data), self.fingerprint, dtype=self.state_dtype
+        )
+
+    def carried(self, st: SequenceState) -> list[Any]:
+        """What `apply` continues from: ``st``'s per-layer states (ValueError if ``st`` cannot
+        be continued by this step)."""
+        return st.layers()
+
+    def advanced(
+        self, st: SequenceState, layers: list[Any], *, tokens: int, next_chunk: int
+    ) -> SequenceState:
+        """The state after `apply` consumed ``tokens`` more tokens, ending in ``layers``."""
+        return SequenceState.from_layers(
+            st.seq_id, st.position + tokens, next_chunk, layers, self.fingerprint
+        )
 
     def tokens(self, data: Any) -> int:
         raise NotImplementedError
 
-    def apply(self, data: Any, layers: list[AttentionState]) -> tuple[np.ndarray, list[Any]]:
+    def apply(self, data: Any, layers: list[Any]) -> tuple[np.ndarray, list[Any]]:
         """(per-token outputs, the states after the chunk)."""
         raise NotImplementedError
 
@@ -286,12 +319,20 @@ def _shared_handle(tag: str) -> shared.Shared:
         return _SHARED_MODELS.setdefault(tag, shared.Shared())
 
 
+def _is_folder_model(model: Any) -> bool:
+    """Whether ``model`` is a checkpoint folder's (fla's format: named per-layer states)."""
+    return hasattr(model, "state_layout")
+
+
 def _portable_source(model: Any) -> str | bytes:
     """What a worker loads a passed-in model from: its built-in name or URL when it came from
-    one, else its safetensors bytes (a local path may not exist on a remote worker)."""
+    one, a checkpoint folder's absolute path (a worker must see the same folder: use a URL on
+    a cluster), else its safetensors bytes (a local path may not exist on a remote worker)."""
     source = str(getattr(model, "source", ""))
     if source.startswith("builtin:") or ("://" in source and not source.startswith("file://")):
         return source
+    if _is_folder_model(model):
+        return os.path.abspath(source.removeprefix("file://"))
     from linstream.ops.model.weights import write_model_bytes
 
     return write_model_bytes(model.config, model.weights)
@@ -301,13 +342,22 @@ class EmbedStep(ChunkStep):
     """The embedding model over token ids [T] (int) or feature vectors [T, input_dim] (float).
 
     `model` is a spec for `linstream.ops.load_model` ("builtin:default", a .safetensors path
-    or URL) or a loaded model.  The step carries only the spec (a loaded model: its built-in
-    name or URL, else its safetensors bytes) and the fingerprint, never the loaded weights;
-    `setup()` loads the model once per worker process (`apache_beam.utils.shared.Shared`) and
-    refuses a file whose fingerprint changed since the job was built.
+    or URL, a checkpoint folder in fla's format or its URL) or a loaded model.  The step
+    carries only the spec (a loaded model: its built-in name, URL or folder, else its
+    safetensors bytes) and the fingerprint, never the loaded weights; `setup()` loads the model
+    once per worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose
+    fingerprint changed since the job was built.  `layer` (a checkpoint folder's models only):
+    emit hidden state N (0 the embeddings .. L the final norm, the default) instead.
     """
 
-    def __init__(self, model: Any, backend: str = "auto", state_dtype: Any = np.float64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        backend: str = "auto",
+        state_dtype: Any = np.float64,
+        *,
+        layer: int | None = None,
+    ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
         if isinstance(model, str):
@@ -321,6 +371,15 @@ class EmbedStep(ChunkStep):
             self._model = model
         self.compute_dtype = str(np.dtype(self._model.compute_dtype))
         self.fingerprint = str(self._model.fingerprint)
+        self._folder = _is_folder_model(self._model)
+        self.stacks_layers = not self._folder  # a folder's model has a state form of its own
+        self.layer = _checked_layer(layer, self._model, self._folder)
+        if self._folder and backend == "cupy":
+            msg = (
+                f"backend 'cupy': model {self._label()} (a checkpoint folder) runs on the CPU "
+                "kernels only; use backend auto, numba or numpy"
+            )
+            raise ValueError(msg)
 
     def _label(self) -> str:
         return self._source if isinstance(self._source, str) else "<model bytes>"
@@ -408,15 +467,64 @@ class EmbedStep(ChunkStep):
         return arr
 
     def state_shape(self, data: Any) -> tuple[int, int, int, int]:
-        shape = tuple(int(n) for n in self.model.state_shape)
+        if self._folder:
+            shape = tuple(self.model.state_layout()[0][1])  # S [L, H, d_k, d_v]
+        else:
+            shape = tuple(int(n) for n in self.model.state_shape)
         return (shape[0], shape[1], shape[2], shape[3])
+
+    def initial_state(self, seq_id: str, data: Any) -> SequenceState:
+        if not self._folder:
+            return super().initial_state(seq_id, data)
+        layout = self.model.state_layout()
+        return SequenceState.initial(seq_id, layout, self.fingerprint, dtype=self.state_dtype)
+
+    def carried(self, st: SequenceState) -> list[Any]:
+        if not self._folder:
+            return super().carried(st)
+        return list(self.model.unstack_states(st.tensors, st.position))
+
+    def advanced(
+        self, st: SequenceState, layers: list[Any], *, tokens: int, next_chunk: int
+    ) -> SequenceState:
+        if not self._folder:
+            return super().advanced(st, layers, tokens=tokens, next_chunk=next_chunk)
+        position = st.position + tokens
+        arrays = self.model.stack_states(layers, position)
+        S = arrays.pop("S")
+        return SequenceState(
+            st.seq_id, position, next_chunk, S, arrays.pop("z", None), self.fingerprint, arrays
+        )
 
     def tokens(self, data: Any) -> int:
         return int(data.shape[0])
 
-    def apply(self, data: Any, layers: list[AttentionState]) -> tuple[np.ndarray, list[Any]]:
-        emb, new = self._model.embed_chunk(data, layers, backend=self.backend)
+    def apply(self, data: Any, layers: list[Any]) -> tuple[np.ndarray, list[Any]]:
+        if self._folder:
+            emb, new = self._model.embed_chunk(data, layers, backend=self.backend, layer=self.layer)
+        else:
+            emb, new = self._model.embed_chunk(data, layers, backend=self.backend)
         return emb, list(new)
+
+
+def _checked_layer(layer: Any, model: Any, folder: bool) -> int | None:
+    """``layer`` checked against the model (ValueError saying what fits)."""
+    if layer is None:
+        return None
+    if not folder:
+        msg = (
+            f"layer {layer!r}: picking a layer's output needs a checkpoint folder in fla's "
+            f"format; model {getattr(model, 'source', '?')} gives its final output only"
+        )
+        raise ValueError(msg)
+    n = int(model.num_layers)
+    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not 0 <= layer <= n:
+        msg = (
+            f"layer must be an integer from 0 (the embeddings) to {n} (the final norm, the "
+            f"default) for this {n}-layer model, got {layer!r}"
+        )
+        raise ValueError(msg)
+    return int(layer)
 
 
 def _short(x: Any) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, ChunkResult, DeadLetter, Rejected
 
-from .config import StageConfig
+from .config import DEFAULT_EMBED_EMIT, StageConfig
 from .counters import NAMESPACE
 from .dofn import DEAD_LETTERS, SequenceDoFn
 from .sequence_stage import SequenceStage
@@ -125,10 +125,15 @@ class CausalLinearAttention(_SequenceTransform):
 class EmbedSequences(_SequenceTransform):
     """Embed chunks of token ids [T] or feature vectors [T, input_dim] with an embedding model.
 
-    model: a `linstream.ops.load_model` spec ("builtin:default", a .safetensors path), loaded once
-    per worker in `setup()`, or a loaded model.  Emits `ChunkResult`s whose output is the
-    [T, d_model] float32 embeddings (emit="tokens"), their mean, or the last one.  The stage's
-    options are those of `CausalLinearAttention` (the fields of `StageConfig`).
+    model: a `linstream.ops.load_model` spec ("builtin:default", a .safetensors path, a
+    checkpoint folder in fla's format or its URL), loaded once per worker in `setup()`, or a
+    loaded model.  Emits `ChunkResult`s whose output is the mean of the chunk's [T, d_model]
+    float32 embeddings (emit="mean", the default, as in `linstream embed`), the embeddings
+    themselves (emit="tokens"), the last one (emit="last"), or one mean per finished sequence
+    (emit="sequence").  layer: a checkpoint folder's models only, the hidden state to emit (0 the
+    embeddings .. L the final norm, the default; as fla's `output_hidden_states` numbers them).
+    The stage's options are those of `CausalLinearAttention` (the fields of `StageConfig`); a
+    whole ``stage=`` keeps its own emit.
     """
 
     def __init__(
@@ -137,10 +142,13 @@ class EmbedSequences(_SequenceTransform):
         *,
         backend: str = "auto",
         state_dtype: Any = np.float64,
+        layer: int | None = None,
         stage: StageConfig | None = None,
         **options: Any,
     ) -> None:
-        self._embed = EmbedStep(model, backend, state_dtype)
+        self._embed = EmbedStep(model, backend, state_dtype, layer=layer)
+        if stage is None and "emit" not in options:
+            options = {**options, "emit": DEFAULT_EMBED_EMIT}
         super().__init__(self._embed, StageConfig.with_options("EmbedSequences", stage, options))
 
     @property

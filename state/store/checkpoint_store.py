@@ -40,13 +40,13 @@ import os
 import time
 from collections.abc import Callable
 
-from linstream.state.codec import FORMAT_VERSION, MIN_READER_VERSION, encode_checked, tensor_ranges
+from linstream.state.codec import encode_checked, format_versions, tensor_ranges
 from linstream.state.errors import NonFiniteStateError
 from linstream.state.sequence_state import SequenceState
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
 from .commit import StoreCommitChecks
-from .filesystems import LocalStorage, open_storage
+from .filesystems import LocalStorage, in_thread, open_storage
 from .listing import StoreListing
 from .manifest import History, Manifest, split_file_hash
 from .paths import data_name
@@ -66,6 +66,15 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
     epoch, injected for tests of ``gc``.  background_prune: delete commits beyond ``keep`` in a
     background thread after ``commit`` returns (deletes can be slow: object-store round trips,
     online discard); ``flush()`` waits for them, ``close()`` also stops the thread.
+
+    sync_batch (local disk; 0 by default): a commit's files are durable when ``commit``
+    returns, but the fsync of its folder, which makes its name durable, waits for ``sync()``,
+    which makes up to this many commits' folders durable at once, in parallel; ``commit`` calls
+    it when that many wait, ``flush()`` and ``close()`` too.  A caller calls ``sync()`` before
+    anything relies on its commits surviving a power loss (publishing their outputs); until
+    then a power loss may lose them (never half: a commit is there whole or not at all), and
+    their chunks are computed again.  Retention waits for the sync too, and ``sync_seq``
+    makes the commits of one sequence durable whoever made them.
     """
 
     def __init__(
@@ -76,6 +85,7 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         rtol: float | None = None,
         clock: Callable[[], float] = time.time,
         background_prune: bool = True,
+        sync_batch: int = 0,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
@@ -90,6 +100,10 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         self._fs = open_storage(root)
         self._dirs_made: set[str] = set()
         self._root_synced = False
+        local = isinstance(self._fs, LocalStorage)
+        self.sync_batch = max(0, int(sync_batch)) if local else 0
+        self._unsynced: set[str] = set()
+        self._unsynced_commits: list[str] = []  # their folders, retention after the sync
         self._background_prune = background_prune
         self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[list[str]]] = []
@@ -152,10 +166,12 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
             history = self._auto_history(seq_dir, st)
         mpath = self._cpath(seq_dir, history.commit)
 
+        version, min_reader = format_versions(st)
+
         def manifest_for(sha: str) -> Manifest:
             return Manifest(
-                format_version=FORMAT_VERSION,
-                min_reader_version=MIN_READER_VERSION,
+                format_version=version,
+                min_reader_version=min_reader,
                 seq_id=st.seq_id,
                 position=st.position,
                 next_chunk=st.next_chunk,
@@ -180,15 +196,23 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         existing = self._read_manifest_if_any(mpath, None)
         if existing is None:
             self._ensure_dir(seq_dir)
-            made_it = (
-                self._fs.commit_files(buf, mpath, prepare)
-                if ready is None
-                else self._fs.commit_files(buf, mpath, prepare, ready)
-            )
+            batch = self.sync_batch > 0
+            if batch:  # whatever the outcome: another writer's commit there is synced too
+                self._unsynced.add(seq_dir)
+                made_it = self._fs.commit_files(buf, mpath, prepare, ready, sync_folder=False)
+            elif ready is None:
+                made_it = self._fs.commit_files(buf, mpath, prepare)
+            else:
+                made_it = self._fs.commit_files(buf, mpath, prepare, ready)
             if made_it:
                 self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
                 self._count(CommitOutcome.COMMITTED, st)
-                self._schedule_prune(seq_dir)
+                if batch:
+                    self._unsynced_commits.append(seq_dir)
+                    if len(self._unsynced_commits) >= self.sync_batch:
+                        self.sync()
+                else:
+                    self._schedule_prune(seq_dir)
                 return CommitOutcome.COMMITTED
             existing = self._read_manifest_if_any(mpath, None)
             if existing is None:  # pruned meanwhile: the history moved on past this number
@@ -204,6 +228,39 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
                 self._fs.remove(dpath)  # our data file lost the race (no-op if never written)
         self._count(outcome, st)
         return outcome
+
+    def sync(self) -> None:
+        """Make the folders of the commits made since the last sync durable (``sync_batch``),
+        one fsync per folder and one of the root, in parallel; then prune them."""
+        folders, self._unsynced = self._unsynced, set()
+        commits, self._unsynced_commits = self._unsynced_commits, []
+        if folders:
+            assert isinstance(self._fs, LocalStorage)
+            if self._fs.root not in folders:
+                folders.add(self._fs.root)  # the folders' own names (another writer's too)
+            self._sync_dirs(sorted(folders))
+        for seq_dir in dict.fromkeys(commits):
+            self._schedule_prune(seq_dir)
+
+    def sync_seq(self, seq_id: str) -> None:
+        """Make the commits in the sequence's folder durable, whoever made them (before their
+        outputs are published: a commit another job made may wait for its ``sync``)."""
+        if isinstance(self._fs, LocalStorage) and self._fs.is_dir(self._seq_dir(seq_id)):
+            self._sync_dirs([self._seq_dir(seq_id), self._fs.root])
+
+    def _sync_dirs(self, folders: list[str]) -> None:
+        fs = self._fs
+        assert isinstance(fs, LocalStorage)
+        if len(folders) == 1:
+            fs.sync_dir(folders[0])
+            return
+        for job in [in_thread(fs.sync_dir, f) for f in folders]:
+            job.result()
+
+    def flush(self) -> None:
+        """Sync (``sync_batch``), then wait for the pruning scheduled so far."""
+        self.sync()
+        super().flush()
 
     def __enter__(self) -> CheckpointStore:
         return self

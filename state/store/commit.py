@@ -36,6 +36,13 @@ def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return diff / scale if scale > 0 else math.inf
 
 
+def _shape(st: SequenceState) -> str:
+    """S's shape (a state of S and z), or every tensor's."""
+    if st.classic:
+        return str(list(st.S.shape))
+    return ", ".join(f"{n} {list(s)}" for n, s in st.layout)
+
+
 class StoreCommitChecks(StoreRestore, StoreRetention):
     """The checks around ``CheckpointStore.commit``."""
 
@@ -111,15 +118,16 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
                 f"{first.fingerprint[:16]}…, this state {st.fingerprint[:16]}…)"
             )
             raise DivergentStateError(msg, path=self._cpath(seq_dir, mine.commit))
-        if (first.next_chunk, first.dtype, first.S.shape) != (st.next_chunk, st.dtype, st.S.shape):
+        if (first.next_chunk, first.dtype, first.layout) != (st.next_chunk, st.dtype, st.layout):
             msg = (
                 f"{where}: committed state has next_chunk {first.next_chunk}, dtype "
-                f"{first.dtype}, shape {list(first.S.shape)}; this state has {st.next_chunk}, "
-                f"{st.dtype}, {list(st.S.shape)}"
+                f"{first.dtype}, shape {_shape(first)}; this state has {st.next_chunk}, "
+                f"{st.dtype}, {_shape(st)}"
             )
             raise DivergentStateError(msg, path=self._cpath(seq_dir, mine.commit))
         rtol = self.rtol if self.rtol is not None else DEFAULT_RTOL[str(st.dtype)]
-        diff = max(_max_rel_diff(st.S, first.S), _max_rel_diff(st.z, first.z))
+        committed = first.tensors
+        diff = max(_max_rel_diff(a, committed[n]) for n, a in st.tensors.items())
         if diff <= rtol:
             log.info(
                 "%s: already committed with a state equal within tolerance (max relative "

@@ -31,6 +31,10 @@ class StoreLayout:
     _fs: LocalStorage | FsspecStorage
     _dirs_made: set[str]
     _root_synced: bool
+    #: Commits whose folder entries wait for ``CheckpointStore.sync`` (0: none ever wait).
+    sync_batch: int
+    #: Folders whose new entries are not durable yet (those commits' own and the root).
+    _unsynced: set[str]
 
     def _seq_dir(self, seq_id: str) -> str:
         return self._fs.join(encode_seq_dir(seq_id))
@@ -40,7 +44,12 @@ class StoreLayout:
             return
         if not self._fs.is_dir(seq_dir):
             self._fs.makedirs(seq_dir)
-            if isinstance(self._fs, LocalStorage):  # make the new folder's name durable
+            if isinstance(self._fs, LocalStorage) and self.sync_batch:
+                self._unsynced.add(self._fs.root)  # durable with the commit made in it
+                if not self._root_synced:
+                    self._unsynced.add(self._fs.root.rpartition("/")[0] or "/")
+                    self._root_synced = True
+            elif isinstance(self._fs, LocalStorage):  # make the new folder's name durable
                 self._fs.sync_dir(self._fs.root)
                 if not self._root_synced:  # and the root's (makedirs may have made it): once
                     self._fs.sync_dir(self._fs.root.rpartition("/")[0] or "/")

@@ -8,7 +8,10 @@ Each contender runs in a fresh process on the same folder and the same tokens (s
 process's peak RSS is its own), in the order linstream, PyTorch loop, fla, linstream again (the
 machine is shared: the two linstream runs bracket the others, and the table shows both).
 linstream: float32 compute, float64 state, a warm-up chunk first (Numba's compilation), then
-CHUNKS chunks carrying the state.  fla: `AutoModel` (hidden states, no output head) in float32
+CHUNKS chunks carrying the state, each chunk run twice in turn: with the runtime's thread
+layout (BLAS at one thread, a chunk's rows split across the two threads) and with BLAS's own
+two threads per product (the layout before; same outputs), so the two are compared in one
+process at the same moments.  fla: `AutoModel` (hidden states, no output head) in float32
 under no_grad with torch at 2 threads, two consecutive chunks carrying its cache: the first call
 in the process ("cold") and the next ("warm"; its recurrence is a Python loop over the tokens,
 which has run up to ten times slower on a first call here).  The PyTorch loop: the same layers
@@ -93,7 +96,9 @@ def _timed(fn) -> float:
 
 
 def run_linstream(folder: str) -> dict:
-    from linstream.ops.model.fla import delta_net, gla, load_model
+    import contextlib
+
+    from linstream.ops.model.fla import delta_net, gla, load_model, runtime
 
     clock = _Clock()
     gla.vector_gated_chunks = clock.wrap(gla.vector_gated_chunks)
@@ -103,15 +108,28 @@ def run_linstream(folder: str) -> dict:
     emb, _ = model.embed_chunk(ids[:CHUNK], None)  # warm-up: compiles the kernels
     np.save(Path(folder) / "linstream_first.npy", emb[:64])
     gflops = _matmul_gflops()
-    st = None
-    clock.seconds = 0.0
-    t0 = time.perf_counter()
+    layouts = {"rows": runtime._thread_layout, "blas2": lambda: (contextlib.nullcontext(), None)}
+    states: dict = dict.fromkeys(layouts)
+    seconds, in_recurrence = dict.fromkeys(layouts, 0.0), 0.0
     for i in range(CHUNKS):
-        _, st = model.embed_chunk(ids[i * CHUNK : (i + 1) * CHUNK], st)
-    dt = time.perf_counter() - t0
+        for name, layout in layouts.items():
+            runtime._thread_layout = layout
+            clock.seconds = 0.0
+            t0 = time.perf_counter()
+            _, states[name] = model.embed_chunk(ids[i * CHUNK : (i + 1) * CHUNK], states[name])
+            seconds[name] += time.perf_counter() - t0
+            in_recurrence += clock.seconds if name == "rows" else 0.0
+    same = all(
+        np.array_equal(a[k], b[k])
+        for a, b in zip(states["rows"], states["blas2"], strict=True)
+        for k in a
+    )
+    dt = seconds["rows"]
     return {
         "tokens_per_s": CHUNKS * CHUNK / dt,
-        "recurrence_share": clock.seconds / dt,
+        "tokens_per_s_blas2": CHUNKS * CHUNK / seconds["blas2"],
+        "same_states": same,
+        "recurrence_share": in_recurrence / dt,
         "matmul_gflops": gflops,
         "state_bytes": model.state_nbytes(),
         "peak_rss": _hwm(),
@@ -276,10 +294,11 @@ def test_bench_fla_families(tmp_path):
         f"{CHUNK}-token chunks, float32 compute, 2 threads each; {platform.machine()}, "
         f"{os.cpu_count()} CPUs; load average at the start {_load()}",
         "",
-        "| model | linstream tok/s (before / after) | fla tok/s (cold / warm) | PyTorch loop "
-        "tok/s | linstream / fla (cold / warm) | linstream / loop | time in the recurrence "
-        "(linstream / fla warm) | state per sequence | peak RSS (linstream / fla / loop) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | linstream tok/s (before / after) | linstream, BLAS on 2 threads (before / "
+        "after) | fla tok/s (cold / warm) | PyTorch loop tok/s | linstream / fla (cold / warm) "
+        "| linstream / loop | time in the recurrence (linstream / fla warm) | state per "
+        "sequence | peak RSS (linstream / fla / loop) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios, notes = {}, []
     for family, cfg in CONFIGS.items():
@@ -291,12 +310,14 @@ def test_bench_fla_families(tmp_path):
         print(family, json.dumps({"linstream": [a, b], "loop": loop, "fla": fla}))
         # the contenders must agree before their speeds mean anything (float32, 64 tokens)
         assert fla["max_diff_vs_linstream"] < 1e-4 and loop["max_diff_vs_linstream"] < 1e-4
+        assert a["same_states"] and b["same_states"]  # the two thread layouts agree exactly
         lin = min(a["tokens_per_s"], b["tokens_per_s"])
         cold, warm = fla["cold"]["tokens_per_s"], fla["warm"]["tokens_per_s"]
         ratios[family] = lin / warm
         params = a["load"].split(", ")[1].split(" from")[0]
         lines.append(
             f"| {family} ({params}) | {a['tokens_per_s']:.0f} / {b['tokens_per_s']:.0f} | "
+            f"{a['tokens_per_s_blas2']:.0f} / {b['tokens_per_s_blas2']:.0f} | "
             f"{cold:.0f} / {warm:.0f} | {loop['tokens_per_s']:.0f} | "
             f"{lin / cold:.1f}× / {lin / warm:.1f}× | {lin / loop['tokens_per_s']:.1f}× | "
             f"{a['recurrence_share']:.0%} / {fla['warm']['recurrence_share']:.0%} | "

@@ -13,8 +13,8 @@ before, now, ...); the best of ROUNDS counts, every round is printed.  Timed wit
   same cache (the user's second run; target <= 3 s);
 - first call: a new Python process importing `linstream.ops` and making its first
   `causal_linear_attention` call on a shape it has used before (target <= 1 s);
-- first chunk: `deploy/first_chunk_time.py --runs 1` after each side's warm-up (`python -m
-  linstream.ops.warmup`, what the worker images run), its own figure: seconds from spawning a
+- first chunk: `deploy/first_chunk_time.py --runs 1` after each side's warm-up (`linstream
+  warmup`, what the worker images run), its own figure: seconds from spawning a
   fresh interpreter to the first applied 64-token chunk of builtin:default (target <= 2 s).
 
 The cold figures (the first run of each, on an empty cache of its own) are printed too.
@@ -36,6 +36,11 @@ import pytest
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
+#: `linstream warmup` on each side (before, the module ran by itself)
+WARMUP = {
+    "before": ["-m", "linstream.ops.warmup"],
+    "now": ["-m", "linstream.pipeline.app.cli", "warmup"],
+}
 BASE_COMMIT = "a8538f8"  # main before the cache fix: the additive kernel compiled in every process
 ROUNDS = int(os.environ.get("LINSTREAM_BENCH_ROUNDS", 5))
 RESULTS = Path(__file__).with_name("RESULTS-startup.md")
@@ -145,7 +150,7 @@ def test_bench_startup_against_the_code_before():
         cold[name]["first call"] = _timed(call[name], ["-c", FIRST_CALL], "first call")
         cold[name]["first chunk"] = _first_chunk(workers[name])
         shutil.rmtree(workers[name].env["NUMBA_CACHE_DIR"])
-        _timed(workers[name], ["-m", "linstream.ops.warmup"], "warm-up")
+        _timed(workers[name], WARMUP[name], "warm-up")
     for r in range(ROUNDS):
         for name, side in sides.items():
             warm[name]["embed"].append(_embed(side, r + 1))

@@ -174,3 +174,15 @@ def gcs_store(tmp_path_factory: Any) -> Iterator[ObjectStore]:
 @pytest.fixture(params=["s3", "gs"])
 def object_store(request: Any) -> ObjectStore:
     return request.getfixturevalue("s3_store" if request.param == "s3" else "gcs_store")
+
+
+# tryfirst: pytest-xdist reads the group marks in this same hook (and names each test by them)
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Every test here starts servers and runs whole jobs: the end-to-end tier (`make check`
+    leaves it out, `make test` runs it)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group("cloud"))  # one worker: one set of servers

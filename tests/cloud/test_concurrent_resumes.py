@@ -13,20 +13,12 @@ import sys
 import uuid
 
 import pytest
+from helpers.models import write_tiny_model
 from helpers.outputs import judge
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
 
 LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
-
-
-def _tiny_model(path: str) -> str:
-    from linstream.ops.model.config import ModelConfig
-    from linstream.ops.model.weights import init_weights, write_model
-
-    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
-    write_model(path, config, init_weights(config, 3))
-    return path
 
 
 def embed(model: str, inp: str, out: str, ckpt: str, *extra: str) -> list[str]:
@@ -53,7 +45,7 @@ def embed(model: str, inp: str, out: str, ckpt: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize("kind", ["s3", pytest.param("gs", marks=pytest.mark.slow)])
 def test_two_concurrent_resumes_are_fenced_cleanly(kind, request, tmp_path):
     store = request.getfixturevalue("s3_store" if kind == "s3" else "gcs_store")
-    model = _tiny_model(str(tmp_path / "tiny.safetensors"))
+    model = write_tiny_model(str(tmp_path / "tiny.safetensors"), seed=3)
     chunks = sample_chunks(4, 24 * 16, 16, seed=23, shuffle=True, vocab_size=256)
     inp = str(tmp_path / "in.parquet")
     write_chunk_file(inp, chunks)

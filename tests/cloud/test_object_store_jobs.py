@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+from helpers.models import write_tiny_model
 from linstream.pipeline.app.job import run_embed
 from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
@@ -20,21 +21,12 @@ LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 SEQUENCES, CHUNKS, SIZE = 3, 6, 16
 
 
-def _write_tiny_model(path: str) -> str:
-    from linstream.ops.model.config import ModelConfig
-    from linstream.ops.model.weights import init_weights, write_model
-
-    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
-    write_model(path, config, init_weights(config, 3))
-    return path
-
-
 @pytest.fixture(scope="module")
 def job_inputs(tmp_path_factory):
     """Local files: the model, all chunks, part 1 (each sequence's first chunks) and part 2,
     and the results of one uninterrupted local job."""
     d = tmp_path_factory.mktemp("cloud-inputs")
-    model = _write_tiny_model(str(d / "tiny.safetensors"))
+    model = write_tiny_model(str(d / "tiny.safetensors"), seed=3)
     chunks = sample_chunks(SEQUENCES, CHUNKS * SIZE, SIZE, seed=7, shuffle=True, vocab_size=256)
     stop = {f"seq-{s:04d}": 2 + s for s in range(SEQUENCES)}  # 2, 3, 4 chunks in part 1
     files = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 apiclient = pytest.importorskip(
     "apache_beam.runners.dataflow.internal.apiclient",
@@ -263,3 +266,37 @@ def test_launch_script_refuses_missing_settings() -> None:
         ["bash", str(LAUNCH)], env={**full, "BUCKET": "my-bucket"}, capture_output=True, text=True
     )
     assert run.returncode == 2 and "gs://" in run.stderr
+
+
+def test_linstream_embed_launches_a_gpu_job_from_a_machine_without_a_gpu(
+    chunk_file: str, tmp_path: Path
+) -> None:
+    """`linstream embed --runner DataflowRunner --backend cupy` is not refused on the launching
+    machine (the workers have the GPUs and check theirs); a local runner still refuses."""
+    from linstream.ops.backend import cupy_unavailable_reason
+
+    if cupy_unavailable_reason() is None:
+        pytest.skip("this machine has a GPU: nothing to refuse either way")
+    args = _launch_args(
+        {
+            "PROJECT": PROJECT,
+            "REGION": "us-central1",
+            "BUCKET": BUCKET,
+            "IMAGE": IMAGE_GPU,
+            "GPU": "1",
+            "INPUT": chunk_file,
+        }
+    )
+    assert "--backend=cupy" in args and "--runner=DataflowRunner" in args
+    linstream = str(Path(sys.executable).with_name("linstream"))
+    # Local output and store: the dry run reads and writes nothing there, and needs no bucket.
+    local = [f"--output={tmp_path / 'out'}", f"--checkpoint-dir={tmp_path / 'ckpt'}"]
+    argv = [linstream, "embed", *args[2:], *local, *OFFLINE]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "no usable GPU" not in proc.stderr
+    assert "handed to DataflowRunner" in proc.stdout, proc.stdout
+    here = [a for a in argv if not a.startswith("--runner=")] + ["--runner=FnApiRunner"]
+    proc = subprocess.run(here, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "--backend cupy: no usable GPU here" in proc.stderr

@@ -341,6 +341,15 @@ def test_launch_scripts_produce_runner_options() -> None:
     assert args.streaming and args.kafka_topic == "t"
     opts = PipelineOptions(beam_args).get_all_options()
     assert (opts["runner"], opts["environment_type"]) == ("PortableRunner", "EXTERNAL")
+    assert opts["number_of_execution_retries"] is None  # Flink's default for a cluster's workers
+    # LOOPBACK workers die with the command: a bounded number of restarts, passed on to Flink.
+    loop = _print_only(
+        DEPLOY / "flink" / "launch.sh",
+        {"OUTPUT": "o", "CHECKPOINT_DIR": "c", "INPUT": "i", "ENVIRONMENT_TYPE": "LOOPBACK"},
+    )
+    args, beam_args = submit.split_args(loop.stdout.splitlines()[2:])
+    opts = PipelineOptions(beam_args).get_all_options()
+    assert (opts["number_of_execution_retries"], opts["execution_retry_delay"]) == (2, 2000)
     spark_env = {
         "SPARK_MASTER_URL": "spark://m:7077",
         "INPUT": "i",
@@ -375,7 +384,7 @@ def test_images_install_their_object_store_clients_and_pass_pip_check(path: Path
     assert "[gcp" in text or ",gcp" in text, f"{path.name}: no gcp extra (gcsfs, Beam's GCS)"
     if path.parent.name == "dataflow":  # worker images: also s3://, and warm kernels
         assert ",aws]" in text, f"{path.name}: no aws extra (s3fs, Beam's S3)"
-        assert "python -m linstream.ops.warmup" in text, f"{path.name}: kernels not warmed"
+        assert "linstream warmup" in text, f"{path.name}: kernels not warmed"
 
 
 def test_cpu_worker_image_sizes_numba_threads_for_one_process_per_vcpu() -> None:

@@ -23,6 +23,8 @@ NOT_PARAMETERS = {
     "max_dead_letters": "judged by `linstream embed` once the job has ended; a template "
     "launcher returns when the job is submitted, so no exit status could carry the verdict",
     "wait": "a Flex Template launcher must return without waiting for the job",
+    "output_mode": "the rules for an output folder that holds results are applied where "
+    "`linstream embed` launches a job; a template launcher does not look into the folder",
 }
 
 #: Values tried against each parameter's regexes and its option's parser.

@@ -41,7 +41,9 @@ def start_broker(lib: str, workdir: Path) -> Server:
     workdir.mkdir(parents=True, exist_ok=True)
     props = workdir / "server.properties"
     props.write_text(BROKER_PROPERTIES.format(data=workdir / "data", **ports))
-    cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster = "-"
+    while cluster.startswith("-"):  # as Kafka's own ids: one led by "-" reads as an option
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     java = ["java", "-Xmx512m", "-cp", f"{lib}/*"]
     fmt = subprocess.run(
         [*java, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)],

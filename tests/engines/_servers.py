@@ -26,7 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FETCH = ROOT / "deploy" / "engines" / "fetch.sh"
-MAX_JVMS = 2
+#: JVMs the tests may run at once: a Kafka broker, the session's Flink job server and one more
+#: (a job server of a test's own); more would mean one was left running.
+MAX_JVMS = 3
 
 #: Environment switch: "require" (make test, CI) fails a test whose engine cannot be fetched;
 #: otherwise such a test is skipped, naming what is missing.
@@ -97,6 +99,9 @@ class Server:
     ports: dict[str, int] = field(default_factory=dict)
     jvm: bool = True
     started_s: float = 0.0
+    #: Folders the server writes outside its log (a job server's staged artifacts, ~200 MB per
+    #: Kafka job): removed when it stops, so that no run of the tests leaves them behind.
+    scratch: list[Path] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -119,13 +124,17 @@ class Server:
         self.kill(signal.SIGKILL)  # whatever is left of the group
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        for folder in self.scratch:
+            shutil.rmtree(folder, ignore_errors=True)
         _STARTED.pop(id(self), None)
 
     def tail(self, n: int = 3000) -> str:
+        """The end of the server's log, without Flink's warnings about long operator names."""
         try:
-            return self.log.read_text(errors="replace")[-n:]
+            lines = self.log.read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        return "\n".join(x for x in lines if "characters length limit" not in x)[-n:]
 
 
 _STARTED: dict[int, Server] = {}
@@ -194,17 +203,39 @@ def job_server_ports() -> dict[str, int]:
 
 
 def start_job_server(engine: str, workdir: Path, **env: str) -> Server:
-    """Beam's ``engine`` ("flink" or "spark") job server through deploy/<engine>/job-server.sh."""
+    """Beam's ``engine`` ("flink" or "spark") job server through deploy/<engine>/job-server.sh,
+    staging its jobs' artifacts and its JVM's temporary files under ``workdir`` (removed when it
+    stops)."""
     ports = job_server_ports()
     script = ROOT / "deploy" / engine / "job-server.sh"
+    artifacts, jvm_tmp = workdir / "artifacts", workdir / "jvm-tmp"
+    jvm_tmp.mkdir(parents=True, exist_ok=True)
     environ = {
         "JOB_PORT": str(ports["job"]),
         "ARTIFACT_PORT": str(ports["artifact"]),
         "EXPANSION_PORT": str(ports["expansion"]),
+        "ARTIFACTS_DIR": str(artifacts),
+        "JAVA_TMPDIR": str(jvm_tmp),  # Flink's unpacked RPC jar (22 MB a start), Spark's scratch
         "JAVA_HEAP": "1g",
         **env,
     }
-    return start_server(f"{engine}-job-server", [str(script)], workdir, ports, env=environ)
+    server = start_server(f"{engine}-job-server", [str(script)], workdir, ports, env=environ)
+    server.scratch.extend([artifacts, jvm_tmp])
+    return server
+
+
+def job_states(server: Server) -> list[tuple[str, str]]:
+    """Each job on a Beam job server, with its state name (for a failing test's message)."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2 as api
+    from apache_beam.portability.api import beam_job_api_pb2_grpc as api_grpc
+
+    try:
+        with grpc.insecure_channel(server.endpoint()) as channel:
+            jobs = api_grpc.JobServiceStub(channel).GetJobs(api.GetJobsRequest(), timeout=30)
+            return [(j.job_name, api.JobState.Enum.Name(j.state)) for j in jobs.job_info]
+    except grpc.RpcError as e:
+        return [("(the job server did not answer)", str(e.code()))]
 
 
 def cancel_running_jobs(endpoint: str) -> list[str]:

@@ -23,9 +23,15 @@ sys.path.insert(0, str(HERE.parent / "pipeline"))  # the crash harness (_crash.p
 from _servers import Server, need, start_job_server, stop_all  # noqa: E402
 
 
+# tryfirst: pytest-xdist reads the group marks in this same hook (and names each test by them)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
-    """Engine tests go last, in their files' order (see the module docstring)."""
+    """Engine tests go last, in their files' order (see the module docstring), and are of the
+    end-to-end tier (`make check` leaves them out, `make test` runs them)."""
     mine = [i for i in items if HERE in Path(str(i.path)).parents]
+    for item in mine:
+        item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.xdist_group("engines"))  # one worker: one set of servers
     if mine:
         rest = [i for i in items if HERE not in Path(str(i.path)).parents]
         items[:] = rest + mine
@@ -49,7 +55,7 @@ def flink_job_server(tmp_path_factory: Any) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: Any) -> str:
-    from _beam_helpers import write_tiny_model
+    from helpers.models import write_tiny_model
 
     return write_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny.safetensors"))
 

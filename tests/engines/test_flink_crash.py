@@ -15,13 +15,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _crash import _left, _published, judge
+from _crash import _left, commits_made, judge
 from _jobs import JOB_TIMEOUT_S, dead_letters, launch_cmd, launch_env, run
 from _servers import Server, need, start_job_server
 
 KILLS = 2
-#: How a known race between two jobs on one store shows (see the concurrency test).
-_KNOWN_RACE = "manifest disappeared"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -30,16 +28,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _stop_at_random(
-    rng: np.random.Generator, server: Server, proc: subprocess.Popen, out: str, left_files: int
+    rng: np.random.Generator,
+    server: Server,
+    proc: subprocess.Popen,
+    ckpt: str,
+    left_commits: int,
+    before: int,
 ) -> tuple[str, int]:
-    """Once ``out`` holds a random number of result files (the job is in the middle of its
-    commits), wait a random moment and SIGKILL the job server, the workers, or both, in a random
-    order and gap; returns (what was killed, the command's exit status)."""
-    after_files = int(rng.integers(1, max(left_files, 1) + 1))
+    """Once the job has made a random number of commits in ``ckpt`` (it is in the middle of
+    them; ``before``: the commits made before it started), wait a random moment and SIGKILL the
+    job server, the workers, or both, in a random order and gap; returns (what was killed, the
+    command's exit status)."""
+    after_files = int(rng.integers(1, max(left_commits, 1) + 1))
     after_s, gap_s = (float(x) for x in rng.uniform(0.0, 1.0, size=2))
     victims = str(rng.choice(["server", "workers", "both"]))
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None and _published(out) < after_files:
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and commits_made(ckpt) - before < after_files
+    ):
         time.sleep(0.02)
     time.sleep(after_s)
     landed = proc.poll() is None
@@ -59,7 +67,7 @@ def _stop_at_random(
         server.kill()  # a job whose workers died would be restarted on Flink forever
     server.stop()
     rc = proc.wait(timeout=60)
-    what = f"{victims} after {after_files} file(s) + {after_s:.2f} s"
+    what = f"{victims} after {after_files} commit(s) + {after_s:.2f} s"
     return (what if landed else f"{what} (the job had ended)"), rc
 
 
@@ -69,7 +77,7 @@ def test_flink_killed_at_random_moments_then_resumed(seed, clean_case, tiny_mode
     print(f"flink crash seed {seed}")
     rng = np.random.default_rng(seed)
     ckpt = str(tmp_path / "ckpt")
-    files = _published(clean_case.reference)
+    files = commits_made(os.path.join(os.path.dirname(clean_case.reference), "ckpt"))
     outputs, stops = [], []
     for k in range(KILLS):
         server = start_job_server("flink", tmp_path / f"job-server-{k}")
@@ -78,12 +86,13 @@ def test_flink_killed_at_random_moments_then_resumed(seed, clean_case, tiny_mode
         env = launch_env(
             "flink", server, tiny_model, clean_case.input, out, ckpt, RESUME="1" if k else "0"
         )
+        left = round(files * _left(ckpt, clean_case.chunks))
+        before = commits_made(ckpt)
         with open(tmp_path / f"job-{k}.log", "wb") as log:
             proc = subprocess.Popen(
                 launch_cmd("flink"), env=env, stdout=log, stderr=log, start_new_session=True
             )
-        left = round(files * _left(ckpt, clean_case.chunks))
-        stops.append(_stop_at_random(rng, server, proc, out, left))
+        stops.append(_stop_at_random(rng, server, proc, ckpt, left, before))
     print(f"stops: {stops}")
     server = start_job_server("flink", tmp_path / "job-server-final")
     final = str(tmp_path / "out-final")
@@ -130,15 +139,9 @@ def test_two_concurrent_resumes_on_flink_never_write_a_chunk_twice(
     verdict = judge(clean_case.reference, [*outs, final])
     fenced = [Counter(d[2] for d in dead_letters(out))["fenced"] for out in outs]
     wrote = [len(os.listdir(os.path.join(out, "results"))) for out in outs]
-    print(f"concurrent resumes: exit {codes}, fenced dead letters {fenced}, sequences {wrote}")
+    print(f"concurrent resumes: exit {codes}, fenced dead letters {fenced}, result files {wrote}")
     assert verdict.ok, str(verdict)
     # The two jobs did run at once: each wrote results, or one was fenced by the other.
     assert all(wrote) or any(fenced), (fenced, wrote)
     failed = [log for code, log in zip(codes, logs, strict=True) if code != 0]
-    if failed and all(_KNOWN_RACE in log for log in failed):
-        pytest.xfail(
-            "a job whose commit found its twin's equal commit read that commit back after the "
-            "twin's retention had removed it, and failed with CorruptCheckpointError "
-            f"'{_KNOWN_RACE}' instead of being fenced (pipeline/stage/commits.py)"
-        )
     assert codes == [0, 0], "\n".join(log[-2000:] for log in failed)

@@ -69,16 +69,20 @@ def _install_freeze(spec: str) -> None:
 
         CheckpointStore.commit = commit  # type: ignore[method-assign]
     elif where == "before-publish":
+        from linstream.pipeline.stage.span_names import member_name
         from linstream.pipeline.stage.spans import SpanWriter
 
-        real_publish = SpanWriter.publish
+        real_before = SpanWriter._before_publish
 
-        def publish(self: Any, span: Any, *, written: bool = False) -> bool:
-            if written and due():
-                _freeze(flag, {"file": span.file, "pending": span.pending})
-            return real_publish(self, span, written=written)
+        def before_publish(self: Any, group: Any) -> None:
+            if group.seqs and due():
+                seq_id, rows = sorted(group.seqs.items())[0]
+                root = self._fs.root
+                info = {"seq_id": seq_id, "file": f"{root}/{member_name(group.id, 0)}"}
+                _freeze(flag, {**info, "pending": rows.pending})
+            real_before(self, group)
 
-        SpanWriter.publish = publish  # type: ignore[method-assign]
+        SpanWriter._before_publish = before_publish  # type: ignore[method-assign]
     else:
         msg = f"LINSTREAM_FAULT_FREEZE: expected before-commit or before-publish, got {where!r}"
         raise ValueError(msg)

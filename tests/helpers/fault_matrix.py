@@ -15,8 +15,9 @@ folder.  Faults (each a function below, run by `run_cell`):
                       the same output folder, then let go;
 ``crafted-manifest``  the newest manifest of a sequence edited to name a file outside (its
                       check recomputed) and its data damaged, then `--resume --restore-fallback`;
-``damaged-file``      a published result deleted or damaged and another sequence's newest data
-                      file damaged: `--resume` (that sequence refused, exit 3), then with
+``damaged-file``      a published result (the file holding one sequence's newest outputs)
+                      deleted or damaged, and another sequence's newest data file damaged:
+                      `--resume` (that sequence refused, exit 3), then with
                       `--restore-fallback`.
 
 After each cell: the union of every job's results holds every chunk exactly once, bit-identical
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .frozen import Frozen, fault_env, with_faults
+from .models import write_tiny_model
 from .outputs import judge
 from .store_faults import reseal_manifest
 
@@ -71,14 +73,11 @@ class Inputs:
 
 
 def make_inputs(folder: Path, *, sequences: int, chunks: int, seed: int) -> Inputs:
-    from linstream.ops.model.config import ModelConfig
-    from linstream.ops.model.weights import init_weights, write_model
     from linstream.pipeline.app.sample import sample_chunks
     from linstream.pipeline.io import write_chunk_file
 
     model = str(folder / "tiny.safetensors")
-    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
-    write_model(model, config, init_weights(config, 3))
+    write_tiny_model(model, seed=3)
     all_chunks = sample_chunks(sequences, chunks * 16, 16, seed=seed, shuffle=True, vocab_size=256)
     full, head = str(folder / "in.parquet"), str(folder / "head.parquet")
     write_chunk_file(full, all_chunks)
@@ -230,7 +229,8 @@ def _ok(done: subprocess.CompletedProcess[str], *codes: int) -> None:
 # -- the faults ------------------------------------------------------------------------------
 def plain_stop(cell: Cell) -> Expect:
     where = str(cell.rng.choice(["before-commit", "before-publish"]))
-    n = int(cell.rng.integers(1, 4))
+    # before-publish: the job publishes its output group once, after its last commit
+    n = int(cell.rng.integers(1, 4)) if where == "before-commit" else 1
     sig = int(cell.rng.choice([signal.SIGKILL, signal.SIGINT]))
     out1, out2 = cell.url("out-1"), cell.url("out-2")
     job = cell.frozen(out1, where, n)
@@ -316,8 +316,10 @@ def crafted_manifest(cell: Cell) -> Expect:
 def damaged_file(cell: Cell) -> Expect:
     out1, out2, out3 = (cell.url(n) for n in ("out-1", "out-2", "out-3"))
     _ok(cell.run(out1))
-    first, end = cell.inputs.per_sequence - EVERY, cell.inputs.per_sequence  # its newest span
-    result = cell.url("out-1", "results", "q" + SEQ0, f"{first:012d}-{end:012d}.parquet")
+    # The published file that holds its newest span (the file of the job's output group).
+    span = json.loads(cell.read(cell.store_url(cell.newest(SEQ0).manifest_path)))
+    result = span["history"]["outputs"]["file"].removesuffix(".parquet") + "-0000.parquet"
+    assert cell.exists(result), result
     if cell.rng.random() < 0.5:
         cell.remove(result)
         cell.notes.append("result file deleted")
@@ -330,7 +332,14 @@ def damaged_file(cell: Cell) -> Expect:
     _ok(refused, 3)
     assert "restore_failed" in refused.stdout + refused.stderr, refused.stderr[-3000:]
     _ok(cell.run(out3, "--resume", "--restore-fallback"))
-    return Expect([out1, out2, out3], verify_bad={str(newest.data_path)})
+    damaged = str(newest.data_path)
+    if cell.exists(cell.store_url(damaged)):
+        return Expect([out1, out2, out3], verify_bad={damaged})
+    # Gone only the way retention removes any commit: its sequence made two newer ones (its
+    # outputs were in the deleted file too, so it was computed again from its first chunk).
+    assert newest.commit is not None and cell.newest(SEQ1).commit >= newest.commit + 2
+    cell.notes.append(f"the damaged commit {newest.commit} was retired by two newer ones")
+    return Expect([out1, out2, out3])
 
 
 _FAULTS = {

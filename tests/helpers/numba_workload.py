@@ -9,14 +9,19 @@ compiles a signature, never when it loads one from the on-disk cache.  The print
 (Numba's own helpers compiled on the way, such as `np.empty`'s, are listed too.)
 The calls cover the additive kernel's serial and parallel versions (two head widths, both
 compute dtypes, both state dtypes), the four rules (decay, gated, delta, gated_delta) with the
-gather's serial and parallel versions, the model's fused passes (serial and parallel) and the
-float64 recurrent oracle.
+gather's serial and parallel versions, the model's fused passes (serial and parallel), the
+vector-gated kernel, an embed through a tiny fla-format model folder of each family (GLA,
+RetNet, DeltaNet, Gated DeltaNet, HGRN2: the fla runtime's fused passes, serial and parallel)
+and the float64 recurrent oracle.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from numba.core import event
 
@@ -39,7 +44,13 @@ t0 = time.perf_counter()
 import numpy as np  # noqa: E402  (after the listener, so that nothing compiles unseen)
 from linstream.ops import causal_linear_attention  # noqa: E402
 from linstream.ops.additive.naive_numba import recurrent_float64  # noqa: E402
+from linstream.ops.decay.vector_numba import vector_gated_chunks  # noqa: E402
+from linstream.ops.model.fla import load_model  # noqa: E402
 from linstream.ops.model.kernels import NumbaOps  # noqa: E402
+from linstream.ops.numba_tools import only_version  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ on the path
+from helpers.fla_folders import TINY_CONFIGS, write_folder  # noqa: E402
 
 rng = np.random.default_rng(0)
 
@@ -77,6 +88,24 @@ for rows, width in ((4, 16), (2048, 128)):
     ops.norm(x, (w, None))
     ops.add_norm(x.copy(), x, b, (w, b))
     ops.bias_act(x.copy(), b, "gelu_tanh")
+
+# the vector-gated kernel, both compute dtypes and both state dtypes
+for compute, state in (
+    (np.float32, np.float32),
+    (np.float32, np.float64),
+    (np.float64, np.float64),
+):
+    qh, kh, vh = (rng.standard_normal((2, 40, 8)).astype(compute) for _ in range(3))
+    gh = -rng.exponential(0.2, size=(2, 40, 8)).astype(compute)
+    vector_gated_chunks(qh, kh, vh, gh, np.zeros((2, 8, 8), state), chunk_size=16)
+
+# an embed through a tiny fla-format folder of each family, serial and parallel passes
+with tempfile.TemporaryDirectory() as folder:
+    for family, config in TINY_CONFIGS.items():
+        model = load_model(write_folder(Path(folder) / family, config))
+        for parallel in (False, True):
+            with only_version(parallel):
+                model.embed_chunk(np.arange(40) % 50, model.initial_states())
 
 # the float64 oracle
 q, k, v = qkv(16, 2, 8, np.float64)

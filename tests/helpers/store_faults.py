@@ -17,6 +17,7 @@ __all__ = [
     "compressed_state_file",
     "flip_bit",
     "make_hostile_commit",
+    "random_named_state",
     "random_state",
     "rewrite_state_file",
     "truncate",
@@ -140,6 +141,30 @@ def commit_concurrently(root: str, payloads: list[bytes], *, timeout: float = 12
     ``CommitWorkers``)."""
     with CommitWorkers(len(payloads), timeout=timeout) as workers:
         return workers.commit_all(root, payloads)
+
+
+def random_named_state(
+    seed: int,
+    layers: int = 2,
+    extra: dict[str, tuple[int, ...]] | None = None,
+    *,
+    S: tuple[int, int, int] = (2, 3, 4),
+    seq_id: str = "seq",
+    position: int = 7,
+    next_chunk: int = 1,
+    fingerprint: str = "f" * 64,
+    dtype: Any = "float64",
+) -> Any:
+    """A ``SequenceState`` of named tensors (format 3) as an fla model carries: S [L, *S] without
+    z, and ``extra`` tensors [L, *shape] (default: three short-convolution tails)."""
+    import numpy as np
+    from linstream.state.sequence_state import SequenceState
+
+    rng = np.random.default_rng(seed)
+    shapes = {"conv_q": (3, 8), "conv_k": (3, 8), "conv_v": (3, 16)} if extra is None else extra
+    tensors = {n: rng.standard_normal((layers, *s)).astype(dtype) for n, s in shapes.items()}
+    St = rng.standard_normal((layers, *S)).astype(dtype)
+    return SequenceState(seq_id, position, next_chunk, St, None, fingerprint, tensors)
 
 
 def write_raw_commit(

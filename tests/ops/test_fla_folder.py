@@ -20,6 +20,8 @@ from helpers.fla_folders import TINY_CONFIGS, bf16_round, random_weights, write_
 from linstream.ops.model.fla import LayerState, ModelFolderError, load_model
 from linstream.ops.model.weights import ModelFileError
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def folder_with(tmp_path: Path, family: str = "gla", **changes) -> Path:
     cfg = dict(TINY_CONFIGS[family])
@@ -294,3 +296,73 @@ def test_a_load_holds_the_weights_and_one_layer_more(tmp_path):
     assert r["held"] == 2 * r["disk"]
     assert r["transient"] < r["disk"] // 4
     assert grew <= r["held"] + r["transient"] + (16 << 20), (grew, r)
+
+
+# -- where a folder lies -------------------------------------------------------------------------
+def test_load_model_routes_a_folder_and_its_url_to_the_same_model(tmp_path):
+    """`linstream.ops.load_model` reads a folder (a path, or a URL through fsspec: memory://
+    here, gs:// or s3:// on a cluster) as a checkpoint in fla's format."""
+    import fsspec
+    from linstream.ops import load_model as load_any
+
+    folder = write_folder(tmp_path / "m", TINY_CONFIGS["gated_deltanet"], shards=2)
+    (folder / "tokenizer.json").write_text("{}")
+    fs = fsspec.filesystem("memory")
+    for f in folder.iterdir():
+        fs.pipe(f"/linstream-test/gdn/{f.name}", f.read_bytes())
+    try:
+        local = load_any(str(folder))
+        remote = load_any("memory://linstream-test/gdn")  # fsspec lists it as a folder
+        assert type(local).__name__ == type(remote).__name__ == "FlaModel"
+        assert remote.fingerprint == local.fingerprint
+        assert remote.tokenizer_file() == "memory:///linstream-test/gdn/tokenizer.json"
+        ids = np.arange(25) % 50
+        np.testing.assert_array_equal(
+            remote.embed(ids, chunk_size=6), local.embed(ids, chunk_size=6)
+        )
+        with pytest.raises(ModelFolderError, match="memory://nowhere/: not a folder"):
+            load_any("memory://nowhere/")  # a URL ending in "/" is taken for a folder
+    finally:
+        fs.rm("/linstream-test", recursive=True)
+    assert type(load_any("builtin:default")).__name__ == "EmbeddingModel"
+
+
+# -- threads -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["gla", "delta_net", "retnet"])
+def test_long_chunks_split_their_rows_across_threads_with_the_same_results(tmp_path, family):
+    """Chunks of 256 tokens or more run their matrix products with BLAS at one thread, the rows
+    in ranges on the process's threads (a helper, the caller taking back what no helper
+    started).  Each range is the same rows of the same product, so the outputs and states are
+    those of one BLAS call over the chunk, bit for bit, whoever runs which range."""
+    import contextlib
+
+    from linstream.ops.model import blas
+    from linstream.ops.model.fla import runtime
+    from linstream.ops.model.threads import row_split
+
+    def reversed_on_caller(fn, t):  # a helper that never gets a core: the caller runs it all
+        for r in reversed([slice(0, t // 3), slice(t // 3, t)]):
+            fn(r)
+
+    model = load_model(write_folder(tmp_path / "m", TINY_CONFIGS[family]))
+    ids = np.random.default_rng(5).integers(0, 50, 700)
+    layouts = {
+        "one BLAS call": lambda: (contextlib.nullcontext(), None),
+        "two threads": lambda: (blas._single_threaded_blas(), row_split(2)),
+        "caller only": lambda: (blas._single_threaded_blas(), reversed_on_caller),
+    }
+    got = {}
+    for name, layout in layouts.items():
+        saved = runtime._thread_layout
+        runtime._thread_layout = layout
+        try:
+            emb, st = model.embed_chunk(ids[:300], None)
+            emb2, st = model.embed_chunk(ids[300:], st)
+        finally:
+            runtime._thread_layout = saved
+        got[name] = (np.concatenate([emb, emb2]), st)
+    want_emb, want_st = got.pop("one BLAS call")
+    for name, (emb, st) in got.items():
+        assert np.array_equal(emb, want_emb), name
+        for a, b in zip(st, want_st, strict=True):
+            assert all(np.array_equal(a[k], b[k]) for k in a), name

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from helpers.models import TOKENS_SMALL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_model
@@ -33,7 +34,7 @@ from linstream.ops.model.device import _Device, exact_eps_attend
 from linstream.ops.model.layers import forward_chunk as _forward_chunk
 from linstream.ops.model.weights import init_weights
 
-TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
+TOKENS = TOKENS_SMALL
 FEATURES = ModelConfig(
     input_kind="features",
     vocab_size=None,

@@ -289,15 +289,15 @@ def test_rule_model_saves_and_loads_with_the_same_outputs(tmp_path):
     assert back.fingerprint == ref.fingerprint
 
 
-def test_readme_model_rules_example_runs_and_equals_one_pass():
+def test_the_docs_per_layer_rules_example_runs_and_equals_one_pass():
     import re
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[2] / "README.md"
-    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
+    doc = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
     block = next(b for b in blocks if "rules=[" in b and "embed_chunk" in b)
     scope: dict = {}
-    exec(compile(block, str(readme), "exec"), scope)
+    exec(compile(block, str(doc), "exec"), scope)
     model, tokens = scope["model"], scope["tokens"]
     assert [model.config.layer_rule(i)["rule"] for i in range(3)] == [
         "additive",

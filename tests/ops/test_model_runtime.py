@@ -7,6 +7,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers.models import TOKENS_SMALL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.ops import (
@@ -19,7 +20,7 @@ from linstream.ops import (
 from linstream.ops.model.builtin import BUILTIN_SPECS, build
 from linstream.ops.model.weights import fingerprint, init_weights
 
-TOKENS = ModelConfig(vocab_size=13, d_model=8, n_layers=2, n_heads=2, d_head=4, d_ff=12)
+TOKENS = TOKENS_SMALL
 FEATURES = ModelConfig(
     input_kind="features",
     vocab_size=None,
@@ -88,7 +89,7 @@ def test_unknown_builtin_name_lists_the_available_ones():
 
 
 def test_missing_path_raises_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"expected builtin:NAME, a \.safetensors model"):
         load_model(tmp_path / "absent.safetensors")
 
 

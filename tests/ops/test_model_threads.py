@@ -48,8 +48,12 @@ def test_the_caller_runs_what_a_busy_helper_cannot_take():
     def hold(rows):
         if threading.current_thread() is not threading.main_thread():
             started.set()
-            release.wait(60)
+            release.wait()
 
+    # The helper is let go after 30 s whatever happens: a split that waits for it returns only
+    # then, and finds `release` set.
+    watchdog = threading.Timer(30, release.set)
+    watchdog.start()
     first = threading.Thread(target=lambda: split(hold, 2 * MIN_ROWS))
     first.start()  # its caller thread is not the main thread: both its ranges hold
     assert started.wait(30)
@@ -57,8 +61,10 @@ def test_the_caller_runs_what_a_busy_helper_cannot_take():
     split(lambda rows: ran_on.append(threading.current_thread()), 2 * MIN_ROWS)
     held = not release.is_set()
     release.set()
+    watchdog.cancel()
     first.join(30)
-    assert held and ran_on == [threading.main_thread()] * 2
+    assert held, "the split waited for the busy helper"
+    assert ran_on == [threading.main_thread()] * 2
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from linstream.ops.additive import numba as nb
 from linstream.ops.model import kernels as mk
+from linstream.ops.model.fla import fused
 from linstream.ops.rules import gather
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 # Runs one version of the model's bias + activation pass and of the rules' gather, and prints
 # what the dispatchers loaded from the cache.
@@ -59,9 +63,11 @@ _WORKLOAD = Path(__file__).parents[1] / "helpers" / "numba_workload.py"
 _KERNEL_MODULES = {
     "linstream.ops.additive.numba": ("serial", "parallel"),
     "linstream.ops.decay.numba": (),
+    "linstream.ops.decay.vector_numba": (),
     "linstream.ops.delta.numba": (),
     "linstream.ops.rules.gather": ("serial", "parallel"),
     "linstream.ops.model.kernels": ("serial", "parallel"),
+    "linstream.ops.model.fla.fused": ("serial", "parallel"),
     "linstream.ops.additive.naive_numba": (),
 }
 
@@ -120,6 +126,8 @@ def test_every_kernel_pair_has_its_own_cache_files():
         (mk._NORM[False], mk._NORM[True]),
         (mk._ADD_NORM[False], mk._ADD_NORM[True]),
         (mk._BIAS_ACT[False], mk._BIAS_ACT[True]),
+        (fused._SWIGLU[False], fused._SWIGLU[True]),
+        (fused._SILU[False], fused._SILU[True]),
     ]
     for serial, parallel in pairs:
         assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name

@@ -63,13 +63,3 @@ def run_transform(
     return Run(
         load_dumped(rdir, ChunkResultCoder()), load_dumped(ddir, DeadLetterCoder()), counters
     )
-
-
-def write_tiny_model(path: str, seed: int = 0) -> str:
-    """A small token model (.safetensors) so that jobs in tests spend little time computing."""
-    from linstream.ops.model.config import ModelConfig
-    from linstream.ops.model.weights import init_weights, write_model
-
-    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
-    write_model(path, config, init_weights(config, seed))
-    return path

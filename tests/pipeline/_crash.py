@@ -17,6 +17,7 @@ __all__ = [
     "LINSTREAM",
     "Stop",
     "Verdict",
+    "commits_made",
     "crash_and_resume",
     "embed_cmd",
     "judge",
@@ -79,37 +80,39 @@ def recomputed_after(trace: str, ckpt: str) -> dict[str, int]:
     return out
 
 
-def _published(out: str) -> int:
-    """How many result files ``out`` holds (hidden pending files not counted)."""
+def commits_made(ckpt: str) -> int:
+    """How many commits the checkpoint folder ``ckpt`` has seen: the sum of each sequence's
+    newest commit number (retention removes old commit files, never their numbers)."""
     n = 0
-    for _folder, dirs, files in os.walk(os.path.join(out, "results")):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        n += sum(not f.startswith((".", "_")) for f in files)
+    for _folder, _dirs, files in os.walk(ckpt):
+        numbers = [int(f.split(".")[0]) for f in files if f.endswith(".commit.json")]
+        n += max(numbers, default=0)
     return n
 
 
-def reference_files(cmd: list[str], out: str) -> int:
-    """Run ``cmd`` to the end; the number of result files it published."""
+def reference_files(cmd: list[str], ckpt: str) -> int:
+    """Run ``cmd`` to the end; the number of commits it made in ``ckpt``."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         msg = f"{cmd} failed with exit code {done.returncode}: {done.stderr[-2000:]}"
         raise AssertionError(msg)
-    return _published(out)
+    return commits_made(ckpt)
 
 
 def run_until(
-    cmd: list[str], out: str, stop: Stop, log: str, env: dict[str, str] | None = None
+    cmd: list[str], ckpt: str, stop: Stop, log: str, env: dict[str, str] | None = None
 ) -> Stop:
-    """Start ``cmd``; once it has published ``stop.after_files`` result files (so it is in the
+    """Start ``cmd``; once it has made ``stop.after_files`` commits in ``ckpt`` (so it is in the
     middle of its commits), wait ``stop.after_s`` more seconds and send ``stop.signal`` (unless
     it ended by then)."""
+    before = commits_made(ckpt)
     with open(log, "ab") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=f, start_new_session=True, env=env)
         start_by = time.monotonic() + 120
         while (
             time.monotonic() < start_by
             and proc.poll() is None
-            and _published(out) < stop.after_files
+            and commits_made(ckpt) - before < stop.after_files
         ):
             time.sleep(0.005)
         deadline = time.monotonic() + stop.after_s
@@ -152,7 +155,7 @@ def crash_and_resume(
     extra: tuple[str, ...] = (),
 ) -> tuple[Verdict, list[Stop]]:
     """``kills`` stopped jobs (random signal and moment), then one resume to the end.
-    ``files``: how many result files an uninterrupted run publishes (stops fall within them)."""
+    ``files``: how many commits an uninterrupted run makes (stops fall within them)."""
     rng = np.random.default_rng(seed)
     ckpt = os.path.join(workdir, "ckpt")
     total = len(result_rows(reference_out))
@@ -171,7 +174,7 @@ def crash_and_resume(
         cmd = embed_cmd(model, inp, out, ckpt, *resume, *extra)
         trace = os.path.join(workdir, f"applied-{k}.tsv")
         env = {**os.environ, "LINSTREAM_TRACE_APPLIED": trace}
-        stop = run_until(cmd, out, Stop(sig, after_files, after), log, env)
+        stop = run_until(cmd, ckpt, Stop(sig, after_files, after), log, env)
         stop.recomputed = recomputed_after(trace, ckpt)
         stops.append(stop)
     out = os.path.join(workdir, "out-final")

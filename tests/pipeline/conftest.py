@@ -20,6 +20,6 @@ def model() -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: Any) -> str:
-    from _beam_helpers import write_tiny_model
+    from helpers.models import write_tiny_model
 
     return write_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny.safetensors"))

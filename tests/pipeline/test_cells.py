@@ -12,6 +12,8 @@ from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.elements import ChunkResult
 from linstream.pipeline.io import read_results
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def _chunk(i: int) -> Chunk:
     return Chunk("s", i, np.arange(16, dtype=np.int32) + i)

@@ -15,7 +15,7 @@ import pytest
 from _cli_helpers import linstream, one_error_line, write_texts
 from linstream.pipeline.io import read_dead_letters, read_results
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 _NO_BEAM = """
 import sys
@@ -326,3 +326,161 @@ def test_a_restore_failed_dead_letter_exits_3(tmp_path, tiny_model_path):
     assert second.returncode == 3, (second.stdout, second.stderr)
     assert "restore_failed" in second.stdout
     assert "went to the dead letters as restore_failed" in one_error_line(second)
+
+
+def test_a_resume_with_nothing_left_to_do_exits_0(tmp_path, tiny_model_path):
+    """Resume "as often as needed": a second --resume over the same input, whose chunks were all
+    applied by the first job, exits 0 although one input row is bad (its dead letter is written
+    again); the skipped chunks are no dead letters. A job whose only rows are bad still exits 3."""
+    rows = [{"id": f"s{i}", "tokens": list(range(1, 40))} for i in range(3)] + [{"id": "x"}]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--model", tiny_model_path, "--backend", "numpy", "--checkpoint-dir", "ckpt"]
+    common += ["--input", "ids.jsonl", "--chunk-tokens", "8"]
+    first = linstream("embed", *common, "--output", "o1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "15 chunks" in first.stdout and "dead letters: 1 (bad_input_row 1)" in first.stdout
+    for _ in range(2):
+        again = linstream("embed", *common, "--output", "o2", "--resume", cwd=tmp_path)
+        assert again.returncode == 0, (again.stdout, again.stderr)
+        assert "0 chunks" in again.stdout and "duplicates 15" in again.stdout, again.stdout
+        assert "dead letters: 1 (bad_input_row 1)" in again.stdout
+        assert "exit 3" not in again.stderr
+    assert read_results(str(tmp_path / "o2")) == {}
+    (tmp_path / "bad.jsonl").write_text('{"id": "y", "tokens": [999]}\n{"id": "z"}\n')
+    bad = linstream(
+        "embed", *common[:-4], "--input", "bad.jsonl", "--output", "o3", "--resume", cwd=tmp_path
+    )
+    assert bad.returncode == 3, bad.stderr  # 999 is past the vocabulary: unknown_token
+    assert "all 2 input chunk(s) or row(s) went to the dead letters" in one_error_line(bad)
+
+
+def test_a_binary_file_is_a_not_text_dead_letter_unless_text_is_asked_for(
+    tmp_path, tiny_model_path
+):
+    """Under --input-format auto a file that is not UTF-8 text (an executable, a picture, a
+    Latin-1 file) is one `not_text` dead letter naming it; --input-format text embeds it."""
+    texts = {"a.txt": "plain text, é and ü in UTF-8 " * 20}
+    write_texts(tmp_path / "in", texts)
+    (tmp_path / "in" / "tool").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
+    (tmp_path / "in" / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    # A multi-byte character cut by the 8 KiB window is still text.
+    (tmp_path / "in" / "long.txt").write_text("x" * 8191 + "é" + "y" * 100, encoding="utf-8")
+    common = ["--input", "in", "--model", tiny_model_path, "--backend", "numpy"]
+    auto = linstream("embed", *common, "--output", "o1", cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    assert "dead letters: 2 (not_text 2) in o1/dead_letters/" in auto.stdout, auto.stdout
+    dead = {d["seq_id"]: d for d in read_dead_letters(str(tmp_path / "o1"))}
+    assert sorted(dead) == ["latin1.txt", "tool"]
+    assert {d["reason"] for d in dead.values()} == {"not_text"}
+    assert "a NUL byte at offset 7" in dead["tool"]["message"]
+    assert "not UTF-8 at offset 3" in dead["latin1.txt"]["message"]
+    assert "--input-format text" in dead["tool"]["message"]
+    assert {s for s, _ in read_results(str(tmp_path / "o1"))} == {"a.txt", "long.txt"}
+    text = linstream("embed", *common, "--input-format", "text", "--output", "o2", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "dead letters: none" in text.stdout
+    got = {s for s, _ in read_results(str(tmp_path / "o2"))}
+    assert got == {"a.txt", "long.txt", "latin1.txt", "tool"}
+
+
+@pytest.mark.parametrize("command", ["sample", "demo"])
+def test_chunk_tokens_is_one_name_across_commands_and_chunk_size_an_old_one(command, tmp_path):
+    """`sample` and `demo` take `--chunk-tokens` as `embed` does; `--chunk-size` still works,
+    with one warning line naming the new spelling, and --help says it is deprecated."""
+    for cmd in (command, "embed"):
+        shown = " ".join(linstream(cmd, "--help").stdout.split())
+        assert "--chunk-tokens N" in shown, (cmd, shown)
+        if cmd != "embed":
+            assert "--chunk-size N deprecated: the old name of --chunk-tokens" in shown, shown
+    if command == "demo":
+        return  # the demo runs three jobs; its flag is the same _chunk_tokens as sample's
+    args = ["sample", "--sequences", "1", "--tokens", "100", "--vocab-size", "50"]
+    new = linstream(*args, "--chunk-tokens", "32", "--output", "new", cwd=tmp_path)
+    old = linstream(*args, "--chunk-size", "32", "--output", "old", cwd=tmp_path)
+    assert new.returncode == 0 and old.returncode == 0, (new.stderr, old.stderr)
+    assert new.stderr == ""
+    assert one_error_line(old) == (
+        "linstream sample: warning: --chunk-size is deprecated; use --chunk-tokens (same meaning)"
+    )
+    assert "wrote 4 chunks (1 sequences x 100 tokens, 32 tokens per chunk)" in old.stdout
+    (a,), (b,) = (list((tmp_path / d).glob("*.parquet")) for d in ("new", "old"))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_the_python_transforms_and_the_command_share_their_defaults():
+    """`EmbedSequences(model)`, `ToChunks()` and `InputConfig()` default to what
+    `linstream embed` does without flags (one vector per chunk, the mean; 2048-token chunks;
+    the same commit interval, buffer bound, idle timeout, state dtype and backend)."""
+    import dataclasses
+
+    from linstream.pipeline import EmbedSequences, InputConfig, ToChunks
+    from linstream.pipeline.app.cli import build_parser
+    from linstream.pipeline.app.options import EmbedConfig
+
+    args, _ = build_parser("embed").parse_known_args(["embed", "--output", "o"])
+    cli = EmbedConfig.from_args(args)
+    transform = EmbedSequences("builtin:default")
+    assert transform.config.emit == cli.emit == "mean"
+    # The job's own settings (progress lines, where outputs go) are not the transform's.
+    job_only = {"progress_every_s", "output_dir", "total_tokens"}
+    for f in dataclasses.fields(transform.config):
+        if f.name not in job_only:
+            cli_value = getattr(cli.stage_config(), f.name)
+            assert getattr(transform.config, f.name) == cli_value, f.name
+    assert transform._embed.backend == cli.backend
+    assert str(transform._embed.state_dtype) == cli.state_dtype
+    assert ToChunks().chunk_tokens == InputConfig().chunk_tokens == cli.chunk_tokens
+    assert InputConfig() == dataclasses.replace(cli.input_config(), input=None)
+
+
+def test_beam_is_quiet_unless_asked_and_v_shows_each_stage(tmp_path, tiny_model_path):
+    """Without -v, nothing but linstream's own lines: Beam's import-time warning ("apitools not
+    found", printed where the gcp extra is not installed: simulated here by an apitools that
+    cannot be imported) is not shown. With -v: that line, Beam's worker logs, and a progress
+    line from each stage (files read, sequences cut into chunks, tokens embedded)."""
+    shim = tmp_path / "no-apitools" / "apitools"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('raise ImportError("not installed")\n')
+    env = {"PYTHONPATH": str(shim.parent)}
+    write_texts(tmp_path / "in", {"a.txt": "a" * 300, "b/c.txt": "bc" * 100})
+    common = ["embed", "--input", "in", "--model", tiny_model_path, "--backend", "numpy"]
+    common += ["--chunk-tokens", "64"]
+    quiet = linstream(*common, "--output", "o1", cwd=tmp_path, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == "", quiet.stderr
+    sample = ["sample", "--output", "s", "--sequences", "1", "--tokens", "10", "--vocab-size", "9"]
+    sampled = linstream(*sample, cwd=tmp_path, env=env)  # imports Beam too (its I/O)
+    assert sampled.returncode == 0 and sampled.stderr == "", sampled.stderr
+    loud = linstream(*common, "--output", "o2", "-v", cwd=tmp_path, env=env)
+    assert loud.returncode == 0, loud.stderr
+    lines = loud.stderr.splitlines()
+    assert any("apitools not found" in ln for ln in lines), loud.stderr
+    assert "INFO linstream.read: read 2 input file(s), 500 bytes" in lines, loud.stderr
+    assert "INFO linstream.read: cut 2 sequence(s) into 9 chunk(s) (500 tokens)" in lines
+    staged = [ln for ln in lines if ln.startswith("INFO linstream.pipeline.stage")]
+    assert len(staged) == 1 and "500 / 500 tokens (100.0%) in 9 chunks" in staged[0], lines
+    assert any(ln.startswith("INFO apache_beam.io.fileio: Moving") for ln in lines), lines
+    assert not any("Converting string literal" in ln for ln in lines)
+
+
+def test_a_resumed_jobs_progress_counts_what_is_left(tmp_path, tiny_model_path):
+    """The progress line's 100% is what this job applies: a --resume over the whole input counts
+    the tokens its checkpoints do not hold yet, not the input's (which stopped at 37.5%)."""
+    from linstream.pipeline.app.sample import sample_chunks
+    from linstream.pipeline.io import write_chunk_file
+
+    chunks = sample_chunks(2, 512, 64, seed=4, vocab_size=256)  # 2 x 8 chunks of 64 tokens
+    write_chunk_file(str(tmp_path / "first.parquet"), [c for c in chunks if c.index < 3])
+    write_chunk_file(str(tmp_path / "all.parquet"), chunks)
+    common = ["--model", tiny_model_path, "--backend", "numpy", "--checkpoint-dir", "ckpt"]
+    first = linstream(
+        "embed", "--input", "first.parquet", "--output", "o1", *common, cwd=tmp_path, timeout=600
+    )
+    assert first.returncode == 0, first.stderr
+    rest = linstream(
+        "embed", "--input", "all.parquet", "--output", "o2", *common, "--resume", "-v", cwd=tmp_path
+    )
+    assert rest.returncode == 0, rest.stderr
+    assert "10 chunks, 640 tokens" in rest.stdout and "duplicates 6" in rest.stdout, rest.stdout
+    staged = [ln for ln in rest.stderr.splitlines() if ln.startswith("INFO linstream.pipeline")]
+    assert len(staged) == 1 and "640 / 640 tokens (100.0%) in 10 chunks" in staged[0], staged

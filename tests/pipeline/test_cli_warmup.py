@@ -13,6 +13,11 @@ import shutil
 import pytest
 from _cli_helpers import linstream, write_texts
 
+pytestmark = [
+    pytest.mark.e2e,  # whole jobs, subprocesses or servers: `make check` leaves it out
+    pytest.mark.xdist_group("warmup"),  # one worker: the warmed cache below is made once
+]
+
 _COMPILING = "compiling the Numba kernels for this machine"
 
 
@@ -111,3 +116,61 @@ def test_warmup_refuses_an_unknown_model_in_one_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines == [lines[0]] and lines[0].startswith("linstream warmup: error: "), proc.stderr
     assert "nope" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["warmup", "embed"])
+def test_a_model_path_that_does_not_exist_is_one_line_saying_what_was_expected(command, tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    extra = (
+        ["--input", str(tmp_path), "--output", str(tmp_path / "out")] if command == "embed" else []
+    )
+    proc = linstream(command, "--model", missing, *extra, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        f"linstream {command}: error: expected builtin:NAME, a .safetensors model "
+        f"file or a checkpoint folder, got {missing!r}, which does not exist"
+    ], proc.stderr
+
+
+def test_a_checkpoint_folder_warmed_up_then_embedded_compiles_nothing(tmp_path):
+    """`linstream warmup --model <folder in fla's format>` compiles what a job with that folder
+    calls (the built-in model's kernels excepted, which it never calls): the job then compiles
+    nothing, writes nothing into the cache and does not say it compiles."""
+    from helpers.fla_folders import TINY_CONFIGS, write_folder
+    from linstream.pipeline.io.tokenizers import byte_tokenizer
+
+    folder = write_folder(tmp_path / "gla", {**TINY_CONFIGS["gla"], "vocab_size": 256})
+    byte_tokenizer().save(str(folder / "tokenizer.json"))
+    cache = tmp_path / "cache"
+    proc = linstream("warmup", "--model", folder, env={"NUMBA_CACHE_DIR": str(cache)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warm: model {folder}, state float64: " in proc.stdout, proc.stdout
+    before = _files(cache)
+    assert before
+    _inputs(tmp_path / "in")
+    proc = linstream(
+        "embed", "--input", "in", "--output", "out", "--model", folder,
+        "--backend", "numba", "--chunk-tokens", "8192",
+        cwd=tmp_path,
+        env={"NUMBA_CACHE_DIR": str(cache), "NUMBA_DEBUG_CACHE": "1"},
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "out" / "results").glob("*.parquet"))
+    saved = [ln for ln in proc.stdout.splitlines() if ln.startswith("[cache]") and "saved" in ln]
+    assert saved == [], saved
+    assert any(ln.startswith("[cache] data loaded") for ln in proc.stdout.splitlines())
+    assert _COMPILING not in proc.stderr, proc.stderr
+    assert _files(cache) == before
+
+
+def test_warmup_refuses_a_folder_it_cannot_load_in_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = linstream(
+        "warmup", "--model", tmp_path / "empty", env={"NUMBA_CACHE_DIR": str(tmp_path / "c")}
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("linstream warmup: error: "), proc.stderr
+    assert "no config.json" in lines[0] and "Traceback" not in proc.stderr

@@ -25,6 +25,8 @@ from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, write_chunk_file
 from linstream.state import CheckpointStore
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 SEQ = "seq-0000"
 EVERY = ("--checkpoint-every", "4")
 
@@ -37,7 +39,9 @@ def finished(tmp_path_factory, tiny_model_path):
     inp = str(d / "in.parquet")
     write_chunk_file(inp, chunks)
     ref = str(d / "reference")
-    reference_files(embed_cmd(tiny_model_path, inp, ref, str(d / "ckpt-ref"), *EVERY), ref)
+    reference_files(
+        embed_cmd(tiny_model_path, inp, ref, str(d / "ckpt-ref"), *EVERY), str(d / "ckpt-ref")
+    )
     return inp, ref
 
 

@@ -15,6 +15,8 @@ from _crash import crash_and_resume, embed_cmd, judge, reference_files, result_r
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def _dataset(tmp_path, sequences, tokens, size, seed):
     chunks = sample_chunks(
@@ -28,7 +30,8 @@ def _dataset(tmp_path, sequences, tokens, size, seed):
 def _reference(tmp_path, model, inp, *extra):
     """The uninterrupted run, and how many result files it published."""
     out = str(tmp_path / "reference")
-    files = reference_files(embed_cmd(model, inp, out, str(tmp_path / "ckpt-ref"), *extra), out)
+    ckpt = str(tmp_path / "ckpt-ref")
+    files = reference_files(embed_cmd(model, inp, out, ckpt, *extra), ckpt)
     return out, files
 
 

@@ -17,6 +17,8 @@ from helpers.frozen import Frozen, fault_env, with_faults
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 CHUNKS = 16  # one sequence of 16 chunks: commits at chunks 4, 8, 12 and the final one at 16
 
 
@@ -30,7 +32,9 @@ def one_sequence(tmp_path_factory, tiny_model_path):
     write_chunk_file(head, [c for c in chunks if c.index < 4])
     ref = str(d / "reference")
     extra = ("--checkpoint-every", "4")
-    reference_files(embed_cmd(tiny_model_path, inp, ref, str(d / "ckpt-ref"), *extra), ref)
+    reference_files(
+        embed_cmd(tiny_model_path, inp, ref, str(d / "ckpt-ref"), *extra), str(d / "ckpt-ref")
+    )
     return inp, head, ref
 
 

@@ -16,6 +16,8 @@ from helpers.store_faults import flip_bit
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 SEED = 20261201
 
 

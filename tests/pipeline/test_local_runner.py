@@ -17,6 +17,8 @@ from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_results, write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def _runner_mb():
     """The size FnApiRunner gives the next in-process worker's state cache (MB)."""

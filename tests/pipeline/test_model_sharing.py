@@ -5,13 +5,16 @@ from __future__ import annotations
 import fsspec
 import numpy as np
 import pytest
-from _beam_helpers import run_transform, write_tiny_model
+from _beam_helpers import run_transform
 from apache_beam.internal import pickler
+from helpers.models import write_tiny_model
 from linstream.ops import load_model
 from linstream.pipeline import Chunk, EmbedSequences
 from linstream.pipeline.stage.dofn import SequenceDoFn
 from linstream.pipeline.stage.sequence_stage import SequenceStage
 from linstream.pipeline.stage.steps import EmbedStep
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 
 def _graph_bytes(transform) -> int:

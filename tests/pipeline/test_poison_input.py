@@ -11,9 +11,12 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from linstream.pipeline import Chunk
 from linstream.pipeline.elements import ChunkCoder, Rejected, Unencodable
 from linstream.pipeline.io import read_dead_letters, read_results, table_to_chunks, write_chunk_file
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 TOKENS = pa.list_(pa.int32())
 

@@ -17,6 +17,8 @@ import pytest
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
 

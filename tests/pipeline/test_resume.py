@@ -13,6 +13,8 @@ from linstream.pipeline.app.demo import compare_results
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_results, write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 LINSTREAM = [sys.executable, "-m", "linstream.pipeline.app.cli"]
 
 

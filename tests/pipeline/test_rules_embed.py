@@ -15,6 +15,8 @@ from linstream.ops.model.weights import init_weights, write_model
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def _rule_model(path, rules, seed=0):
     config = ModelConfig(
@@ -51,7 +53,8 @@ def test_a_rule_model_stopped_and_resumed_writes_every_chunk_once(seed, tmp_path
     write_chunk_file(inp, chunks)
     extra = ("--checkpoint-every", "4")
     ref = str(tmp_path / "reference")
-    files = reference_files(embed_cmd(model, inp, ref, str(tmp_path / "ckpt-ref"), *extra), ref)
+    ckpt = str(tmp_path / "ckpt-ref")
+    files = reference_files(embed_cmd(model, inp, ref, ckpt, *extra), ckpt)
     # The uninterrupted run equals the plain loop (same float32 kernels, same chunks).
     expected = _loop_means(model, chunks)
     got = read_results(ref)

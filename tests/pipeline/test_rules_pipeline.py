@@ -19,6 +19,8 @@ from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.io import read_results
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 H, DK, DV = 2, 3, 4
 #: (rule, transform arguments); "gated-unnormalized" is `gated` with normalize=False.
 CASES = {

@@ -13,6 +13,8 @@ from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.stage.steps import BadInput, RawAttentionStep
 from linstream.state import CheckpointStore
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 # Fingerprints of the additive step as written into checkpoints before `rule=` existed (computed
 # with the step of that version): changing them would orphan every existing store.
 ADDITIVE_FINGERPRINTS = [

@@ -1,6 +1,6 @@
-"""Two jobs publishing one committed output span at once (a resumed job rolling a commit
-forward while the job that made it still publishes it) leave the published file in place with
-the span's bytes, and neither fails."""
+"""Jobs publishing one committed output span at once (a resumed job rolling a commit forward
+while the job that made it still publishes its output group) leave every row of the span in the
+group's files once, and none of them fails."""
 
 from __future__ import annotations
 
@@ -14,53 +14,73 @@ from linstream.pipeline.elements import ChunkResult
 from linstream.pipeline.stage.spans import SpanWriter
 
 
-def _span(out):
+def _committed(out):
+    """A job whose open group holds the committed span of chunks 2..4 of "s" (commit 1)."""
+    writer = SpanWriter(out, per_token=False)
     results = [ChunkResult("s", i, 4 * i, np.full(3, i, np.float32)) for i in range(2, 5)]
-    return SpanWriter(out, per_token=False).write_pending("s", results)
+    staged = writer.stage("s", results, commit=1, since=2, end=5)
+    assert staged is not None
+    staged.writing.result()
+    writer.committed(staged)
+    return writer, staged.span
 
 
-def _check(span):
-    assert os.path.exists(span.file) and not os.path.exists(span.pending)
-    assert pq.read_table(span.file).column("chunk_index").to_pylist() == [2, 3, 4]
-    leftovers = [n for n in os.listdir(os.path.dirname(span.file)) if n.startswith(".")]
-    assert leftovers == []
+def _check(out):
+    folder = os.path.join(out, "results")
+    names = os.listdir(folder)
+    rows = [
+        i
+        for n in names
+        if not n.startswith(".")
+        for i in pq.read_table(os.path.join(folder, n)).column("chunk_index").to_pylist()
+    ]
+    assert sorted(rows) == [2, 3, 4], names
+    assert [n for n in names if n.startswith(".")] == []
 
 
-@pytest.mark.parametrize("written", [False, True], ids=["roll-forward", "own-span"])
-@pytest.mark.parametrize("step", ["link", "replace"])
-def test_another_job_publishing_in_the_middle_of_a_publish(tmp_path, monkeypatch, step, written):
-    """The other job runs its whole publish (a roll-forward) at the moment this one is about to
-    link (or to replace): the final file must survive and this publish must report it
-    published, whether this one checks the files first or publishes the span it wrote."""
+@pytest.mark.parametrize("interrupted", ["the-job", "a-roll-forward"])
+def test_another_job_publishing_in_the_middle_of_a_publish(tmp_path, monkeypatch, interrupted):
+    """The other one runs its whole publish at the moment this one is about to create the
+    group's file: the rows are published once and both report them published."""
     out = str(tmp_path / "out")
-    span = _span(out)
-    mine, other = SpanWriter(out, per_token=False), SpanWriter(out, per_token=False)
-    real = getattr(os, step)
+    job, span = _committed(out)
+    roll = SpanWriter(out, per_token=False)
+    real = os.link
     fired = []
 
     def interleaved(src, dst, *args, **kwargs):
         if not fired:
             fired.append(True)
-            monkeypatch.setattr(os, step, real)
-            assert other.publish(span)
+            monkeypatch.setattr(os, "link", real)
+            if interrupted == "the-job":
+                assert roll.publish(span, "s", 1)
+            else:
+                job.flush()
         return real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(os, step, interleaved)
-    assert mine.publish(span, written=written)
+    monkeypatch.setattr(os, "link", interleaved)
+    if interrupted == "the-job":
+        job.flush()
+    else:
+        assert roll.publish(span, "s", 1)
     assert fired
-    _check(span)
+    _check(out)
 
 
 def test_many_concurrent_publishers(tmp_path):
     out = str(tmp_path / "out")
-    span = _span(out)
+    job, span = _committed(out)
     errors, answers = [], []
     start = threading.Barrier(8)
 
-    def run(written):
+    def run(own):
         start.wait()
         try:
-            answers.append(SpanWriter(out, per_token=False).publish(span, written=written))
+            if own:
+                job.flush()
+                answers.append(True)
+            else:
+                answers.append(SpanWriter(out, per_token=False).publish(span, "s", 1))
         except Exception as ex:  # collected and asserted on below
             errors.append(ex)
 
@@ -71,4 +91,4 @@ def test_many_concurrent_publishers(tmp_path):
     for t in threads:
         t.join()
     assert errors == [] and answers == [True] * 8
-    _check(span)
+    _check(out)

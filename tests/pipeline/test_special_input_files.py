@@ -12,7 +12,10 @@ from _cli_helpers import linstream
 from linstream.pipeline import Chunk
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo"),
+]
 
 #: A job over a few tiny files takes seconds; a reader blocked on the FIFO never ends.
 TIMEOUT_S = 300

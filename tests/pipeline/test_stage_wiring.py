@@ -10,11 +10,14 @@ the driver does; the other runner tests rely on that too.)"""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from _beam_helpers import run_transform
 from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.io import read_results
 from linstream.state import CheckpointStore
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 SEED = 20261202
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from _cli_helpers import linstream, start
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 
 def _alive_with_tag(tag: str) -> list[int]:
     """Processes whose environment carries `tag` (the job and every worker it started)."""
@@ -45,7 +47,7 @@ def long_input(tmp_path_factory, tiny_model_path):
         "4",
         "--tokens",
         "40000",
-        "--chunk-size",
+        "--chunk-tokens",
         "64",
         "--model",
         tiny_model_path,

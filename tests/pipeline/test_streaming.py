@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from _beam_helpers import run_transform
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
@@ -10,6 +11,8 @@ from linstream.ops import get_feature_map
 from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 
 def test_out_of_order_stream_with_idle_eviction_and_return(tmp_path):

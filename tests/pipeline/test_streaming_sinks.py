@@ -10,6 +10,7 @@ import uuid
 import apache_beam as beam
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream as _TestStream
@@ -20,6 +21,8 @@ from linstream.pipeline.elements import ChunkResult, DeadLetter
 from linstream.pipeline.io import WriteResults, publish, read_dead_letters, read_results
 from linstream.pipeline.io import streaming as streaming_sources
 from linstream.pipeline.io.publish import PublishDeadLetters
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 WINDOW = 10.0
 TOPIC = "projects/p/topics/dead"

@@ -13,6 +13,7 @@ from _beam_helpers import _Dump, load_dumped
 from _cli_helpers import write_texts
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_stream
+from helpers.models import write_tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.pipeline import Chunk, ToChunks
@@ -30,6 +31,8 @@ from linstream.pipeline.io.tokenizers import (
     byte_tokenizer,
     resolve_tokenizer,
 )
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 
 def _collect(tmp_path, build, runner="FnApiRunner"):
@@ -75,13 +78,11 @@ def test_tokenizer_json_round_trip_and_vocabulary_check(tmp_path):
 
 
 def test_a_model_file_names_its_tokenizer_relative_to_its_folder(tmp_path):
-    from linstream.ops.model.config import ModelConfig
-    from linstream.ops.model.weights import init_weights, read_model_header, write_model
+    from linstream.ops.model.weights import read_model_header
 
     byte_tokenizer().save(str(tmp_path / "tok.json"))
-    config = ModelConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=32)
     model = tmp_path / "m.safetensors"
-    write_model(model, config, init_weights(config, 0), tokenizer="tok.json")
+    write_tiny_model(str(model), tokenizer="tok.json")
     assert read_model_header(model.read_bytes())[1] == "tok.json"
     tok = resolve_tokenizer(None, str(model))
     assert tok.spec == str(tmp_path / "tok.json")

@@ -7,9 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from helpers.store_faults import flip_bit, random_state, truncate
 from linstream.pipeline.app import checkpoint_cli
 from linstream.state import CheckpointStore
+
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 
 def _store(tmp_path):

@@ -131,14 +131,14 @@ def test_other_model_is_refused():
 
 def test_newer_format_names_both_versions():
     data = rewrite_state_file(
-        encode_state(random_state(6)), metadata={"format_version": "3", "min_reader_version": "3"}
+        encode_state(random_state(6)), metadata={"format_version": "4", "min_reader_version": "4"}
     )
-    with pytest.raises(UnsupportedFormatVersionError, match=r"version 3.*1 to 2") as info:
+    with pytest.raises(UnsupportedFormatVersionError, match=r"version 4.*1 to 3") as info:
         decode_state(data)
-    assert (info.value.found, info.value.supported) == (3, 2)
+    assert (info.value.found, info.value.supported) == (4, 3)
 
 
-@pytest.mark.parametrize("version", ["1", "3"])
+@pytest.mark.parametrize("version", ["1", "4"])
 def test_format_readable_by_this_reader_is_read(version):
     # Format 1 (older) and a newer format that declares this reader able to read it.
     state = random_state(7)

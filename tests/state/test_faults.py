@@ -129,18 +129,18 @@ def test_tensor_bit_flips_behind_a_consistent_manifest_hit_the_digest(tmp_path):
 def test_newer_format_version_names_both_versions(tmp_path):
     st = random_state(2)
     data = rewrite_state_file(
-        encode_state(st), metadata={"format_version": "3", "min_reader_version": "3"}
+        encode_state(st), metadata={"format_version": "4", "min_reader_version": "4"}
     )
     mpath, _ = write_raw_commit(
-        str(tmp_path), st.seq_id, st.position, data, format_version=3, min_reader_version=3
+        str(tmp_path), st.seq_id, st.position, data, format_version=4, min_reader_version=4
     )
     store = CheckpointStore(str(tmp_path))
-    with pytest.raises(UnsupportedFormatVersionError, match=r"format version 3.*1 to 2") as exc:
+    with pytest.raises(UnsupportedFormatVersionError, match=r"format version 4.*1 to 3") as exc:
         store.restore(st.seq_id, fingerprint=FP)
     assert exc.value.path == mpath  # refused from the manifest, before reading the data
     # a newer data file behind an old-looking manifest is refused too, naming the data file
     _, dpath = write_raw_commit(str(tmp_path), st.seq_id, st.position, data)
-    with pytest.raises(UnsupportedFormatVersionError, match="version 3") as exc:
+    with pytest.raises(UnsupportedFormatVersionError, match="version 4") as exc:
         store.restore(st.seq_id, fingerprint=FP)
     assert exc.value.path == dpath
 
@@ -253,10 +253,10 @@ def test_verify_finds_every_planted_fault(tmp_path):
         planted[plant(store.commits(st.seq_id)[0]).replace(os.sep, "/")] = error.__name__
     st = random_state(99, seq_id="newer-format")
     data = rewrite_state_file(
-        encode_state(st), metadata={"format_version": "3", "min_reader_version": "3"}
+        encode_state(st), metadata={"format_version": "4", "min_reader_version": "4"}
     )
     mpath, _ = write_raw_commit(
-        str(tmp_path), st.seq_id, st.position, data, format_version=3, min_reader_version=3
+        str(tmp_path), st.seq_id, st.position, data, format_version=4, min_reader_version=4
     )
     planted[mpath] = "UnsupportedFormatVersionError"
     for i in range(3):

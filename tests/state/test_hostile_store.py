@@ -20,6 +20,8 @@ from linstream.state import CheckpointError, CheckpointStore, CorruptCheckpointE
 from linstream.state import errors as state_errors
 from linstream.state.codec import decode_state
 
+pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
+
 CASES = sorted(HOSTILE_CASES)
 
 

@@ -303,7 +303,7 @@ def test_checks_run_in_the_documented_order(tmp_path):
     data = encode_state(st0)
     # newer format AND a wrong size: the version is reported
     _, dpath = write_raw_commit(
-        str(tmp_path), st0.seq_id, st0.position, data, format_version=3, min_reader_version=3
+        str(tmp_path), st0.seq_id, st0.position, data, format_version=4, min_reader_version=4
     )
     truncate(dpath, 10)
     with pytest.raises(UnsupportedFormatVersionError):

@@ -187,6 +187,28 @@ class FlaConfig:
         """A JSON-able description of everything that shapes the forward (the fingerprint's)."""
         return {"common": asdict(self.common), "layer": asdict(self.layer)}
 
+    # What the pipeline reads of any model's config (the built-in model's ModelConfig names):
+    # these models read token ids and give hidden states of hidden_size.
+    @property
+    def input_kind(self) -> str:
+        return "tokens"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.common.vocab_size
+
+    @property
+    def input_dim(self) -> None:
+        return None
+
+    @property
+    def d_model(self) -> int:
+        return self.common.hidden_size
+
+    @property
+    def n_layers(self) -> int:
+        return self.common.num_layers
+
 
 def _common(r: ConfigReader) -> CommonConfig:
     default_layers = 21 if r.family == "gated_deltanet" else 24

@@ -25,7 +25,7 @@ from linstream.ops.delta.numba import delta_chunks
 from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, row_major
+from .families import ConvSet, FusedProjection, head_major, project, row_major
 from .pieces import ACTIVATIONS, head_norm, l2_norm, sigmoid, silu, sum_norm
 from .state import LayerState, StateSpec
 
@@ -164,7 +164,7 @@ class DeltaNetMixer:
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return o.reshape(t, -1) @ self.w_o.T, LayerState({"S": state, **new})
+        return project(o.reshape(t, -1), self.w_o), LayerState({"S": state, **new})
 
 
 def build(

@@ -10,13 +10,17 @@ A family module defines
     build(spec, common, tensors, dtype, index, model_tensors) -> Mixer
 
 and a Mixer maps a chunk's normed input x [T, hidden] and the layer's LayerState to
-(output [T, hidden], the new LayerState), in the compute dtype of its weights.
+(output [T, hidden], the new LayerState), in the compute dtype of its weights.  Its matrix
+products go through `project` (x @ W.T), which splits a long chunk's rows across threads when
+the runtime's forward asks for it (`split_rows`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -31,8 +35,40 @@ __all__ = [
     "Mixer",
     "family_module",
     "head_major",
+    "project",
     "row_major",
+    "split_rows",
 ]
+
+RowSplit = Callable[[Callable[[slice], None], int], None]
+_SPLIT: contextvars.ContextVar[RowSplit | None] = contextvars.ContextVar("rows", default=None)
+
+
+@contextlib.contextmanager
+def split_rows(split: RowSplit | None) -> Iterator[None]:
+    """Within this block (on this thread), `project` runs its products through ``split``
+    (`linstream.ops.model.threads.row_split`: row ranges on helper threads, the caller taking
+    back any range no helper started; None: one call)."""
+    token = _SPLIT.set(split)
+    try:
+        yield
+    finally:
+        _SPLIT.reset(token)
+
+
+def project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [T, in] @ w.T for w [out, in]; the rows in ranges across threads inside `split_rows`
+    (each range one BLAS call on its own rows: the same products, row by row)."""
+    split = _SPLIT.get()
+    if split is None:
+        return x @ w.T
+    y = np.empty((x.shape[0], w.shape[0]), dtype=np.result_type(x, w))
+
+    def rows(r: slice) -> None:
+        np.matmul(x[r], w.T, out=y[r])
+
+    split(rows, x.shape[0])
+    return y
 
 
 class Mixer(Protocol):
@@ -60,7 +96,7 @@ class FusedProjection:
         self.weight.setflags(write=False)
 
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        y = x @ self.weight.T
+        y = project(x, self.weight)
         return {name: y[:, s] for name, s in self.slices.items()}
 
 

@@ -1,6 +1,7 @@
 """Load a Hugging Face checkpoint folder in fla's format into the streaming runtime.
 
     model = load_model("path/to/folder")          # FlaModel, or ModelFolderError in one line
+    model = load_model("gs://bucket/models/gla/")  # a URL of a folder (fsspec)
 
 A folder holds config.json (its model_type names the family), the weights as one
 model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
@@ -24,18 +25,19 @@ import sys
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from pathlib import Path
-from typing import Any, BinaryIO
+from pathlib import PurePosixPath
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
 from .families import FusedProjection, family_module
+from .location import FolderLocation
 from .runtime import Block, FlaModel, LoadReport
 from .tensor_files import TensorEntry, TensorFileError, read_header, read_tensor
 
-__all__ = ["expected_tensors", "load_model"]
+__all__ = ["expected_tensors", "folder_tokenizer", "load_model", "read_folder_config"]
 
 _log = logging.getLogger(__name__)
 _FINGERPRINT_TAG = b"linstream-fla-fingerprint-v1"
@@ -49,8 +51,8 @@ def load_model(
 ) -> FlaModel:
     """The runtime of the checkpoint folder at `path` (see the module docstring)."""
     t0 = time.perf_counter()
-    folder = Path(path)
     source = os.fspath(path)
+    folder = FolderLocation(source)
     dt = np.dtype(compute_dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         msg = f"compute_dtype must be float32 or float64, got {dt}"
@@ -61,18 +63,36 @@ def load_model(
             "config.json and model.safetensors)"
         )
         raise ModelFolderError(msg)
-    config = parse_config(_read_json(folder / "config.json", source), source=source)
+    config = parse_config(_read_json(folder, "config.json", source), source=source)
     entries = _entries(folder, source)
     prefix = "model." if any(n.startswith("model.") for n in entries) else ""
     want = expected_tensors(config, prefix)
     _check_entries(entries, want, prefix, source)
     tokenizer, problem = _tokenizer(folder, source)
-    model, report = _build(config, entries, want, prefix, dt, source)
+    model, report = _build(config, entries, want, prefix, dt, source, folder)
     model.tokenizer_path, model._tokenizer_problem = tokenizer, problem
     report = LoadReport(**{**vars(report), "seconds": time.perf_counter() - t0})
     model.load_report = report
     _log.info("%s", report)
     return model
+
+
+def read_folder_config(path: str | os.PathLike[str]) -> FlaConfig:
+    """The folder's config.json, parsed and checked as `load_model` does, without reading any
+    weights (what a job's planner needs: the vocabulary, the width)."""
+    source = os.fspath(path)
+    folder = FolderLocation(source)
+    if not folder.is_dir():
+        msg = f"{source}: not a folder (expected a Hugging Face checkpoint folder)"
+        raise ModelFolderError(msg)
+    return parse_config(_read_json(folder, "config.json", source), source=source)
+
+
+def folder_tokenizer(path: str | os.PathLike[str]) -> tuple[str | None, str | None]:
+    """(the folder's tokenizer.json as a path or URL, None), or (None, a line saying what to
+    add: a folder with only SentencePiece's tokenizer.model, or none)."""
+    source = os.fspath(path)
+    return _tokenizer(FolderLocation(source), source)
 
 
 def expected_tensors(config: FlaConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
@@ -98,36 +118,34 @@ def expected_tensors(config: FlaConfig, prefix: str = "model.") -> dict[str, tup
     return out
 
 
-def _read_json(path: Path, source: str) -> Any:
-    if not path.is_file():
-        msg = (
-            f"{source}: no {path.name} (expected a Hugging Face checkpoint folder in fla's format)"
-        )
+def _read_json(folder: FolderLocation, name: str, source: str) -> Any:
+    if not folder.is_file(name):
+        msg = f"{source}: no {name} (expected a Hugging Face checkpoint folder in fla's format)"
         raise ModelFolderError(msg)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(folder.read_text(name))
     except (UnicodeDecodeError, json.JSONDecodeError) as ex:
-        msg = f"{source}: {path.name} is not valid JSON ({ex})"
+        msg = f"{source}: {name} is not valid JSON ({ex})"
         raise ModelFolderError(msg) from ex
 
 
-def _entries(folder: Path, source: str) -> dict[str, TensorEntry]:
+def _entries(folder: FolderLocation, source: str) -> dict[str, TensorEntry]:
     """Every tensor entry of the folder's safetensors file(s), by name."""
-    if (folder / _INDEX).is_file():
-        index = _read_json(folder / _INDEX, source)
+    if folder.is_file(_INDEX):
+        index = _read_json(folder, _INDEX, source)
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
             msg = f"{source}: {_INDEX} has no weight_map of tensor names to file names"
             raise ModelFolderError(msg)
         files = sorted(set(wmap.values()))
         for f in files:
-            if Path(f).name != f or not f.endswith(".safetensors"):
+            if PurePosixPath(f).name != f or "\\" in f or not f.endswith(".safetensors"):
                 msg = f"{source}: {_INDEX} names {f!r}; expected a .safetensors file in the folder"
                 raise ModelFolderError(msg)
-    elif (folder / _SINGLE).is_file():
+    elif folder.is_file(_SINGLE):
         wmap, files = None, [_SINGLE]
     else:
-        pickles = [p for p in _PICKLES if (folder / p).exists()]
+        pickles = [p for p in _PICKLES if folder.exists(p)]
         if pickles:
             msg = (
                 f"{source}: only PyTorch pickle weights ({pickles[0]}); linstream reads "
@@ -139,17 +157,20 @@ def _entries(folder: Path, source: str) -> dict[str, TensorEntry]:
         raise ModelFolderError(msg)
     out: dict[str, TensorEntry] = {}
     for f in files:
-        path = folder / f
-        if not path.is_file():
+        path = folder.path(f)
+        if not folder.is_file(f):
             msg = f"{source}: {f} is listed in {_INDEX} but missing"
             raise ModelFolderError(msg)
         try:
-            header = read_header(path)
+            header = read_header(path, size=folder.size(path), opener=folder.open)
         except TensorFileError as ex:
             raise ModelFolderError(str(ex)) from ex
         for name, e in header.items():
             if name in out:
-                msg = f"{source}: tensor {name!r} is in both {out[name].path.name} and {f}"
+                msg = (
+                    f"{source}: tensor {name!r} is in both "
+                    f"{PurePosixPath(out[name].path).name} and {f}"
+                )
                 raise ModelFolderError(msg)
             if wmap is not None and wmap.get(name) != f:
                 msg = f"{source}: tensor {name!r} is in {f}, but {_INDEX} says {wmap.get(name)!r}"
@@ -195,16 +216,17 @@ def _check_entries(
             raise ModelFolderError(msg)
 
 
-def _tokenizer(folder: Path, source: str) -> tuple[str | None, str | None]:
-    """(tokenizer.json's path, None), or (None, what to add)."""
-    if (folder / "tokenizer.json").is_file():
-        return os.fspath(folder / "tokenizer.json"), None
-    if (folder / "tokenizer.model").is_file():
+def _tokenizer(folder: FolderLocation, source: str) -> tuple[str | None, str | None]:
+    """(tokenizer.json's path or URL, None), or (None, what to add)."""
+    if folder.is_file("tokenizer.json"):
+        return folder.url("tokenizer.json"), None
+    if folder.is_file("tokenizer.model"):
         return None, (
             f"{source}: only a SentencePiece tokenizer.model, and linstream reads tokenizer.json: "
-            'write one next to it with `python -c "from transformers import AutoTokenizer; '
+            "download the model's tokenizer.json into the folder, or write one next to it with "
+            '`python -c "from transformers import AutoTokenizer; '
             f"AutoTokenizer.from_pretrained('{source}').save_pretrained('{source}')\"` (needs "
-            "transformers and sentencepiece), or download the model's tokenizer.json"
+            "transformers and sentencepiece)"
         )
     return None, f"{source}: no tokenizer.json in the folder"
 
@@ -230,18 +252,19 @@ def _build(
     prefix: str,
     dt: np.dtype,
     source: str,
+    folder: FolderLocation,
 ) -> tuple[FlaModel, LoadReport]:
     c: CommonConfig = config.common
     fam = family_module(c.family)
     digests: dict[str, str] = {}
     transient = 0
     with ExitStack() as stack:
-        files: dict[Path, BinaryIO] = {}
+        files: dict[str, IO[bytes]] = {}
 
         def read(name: str) -> np.ndarray:
             e = entries[name]
             if e.path not in files:
-                files[e.path] = stack.enter_context(open(e.path, "rb"))
+                files[e.path] = stack.enter_context(folder.open(e.path))
             try:
                 return read_tensor(files[e.path], e, dt, digests)
             except TensorFileError as ex:

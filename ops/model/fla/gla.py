@@ -26,7 +26,7 @@ import numpy as np
 from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, row_major
+from .families import ConvSet, FusedProjection, head_major, project, row_major
 from .pieces import ACTIVATIONS, head_norm, logsigmoid
 from .state import LayerState, StateSpec
 
@@ -165,7 +165,7 @@ class GLAMixer:
         o = row_major(vector_gated_chunks(qh, kh, vh, gh, state))
         gate = p["g"].reshape(o.shape) if s.output_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return o.reshape(x.shape[0], -1) @ self.w_o.T, LayerState({"S": state, **new})
+        return project(o.reshape(x.shape[0], -1), self.w_o), LayerState({"S": state, **new})
 
 
 def build(

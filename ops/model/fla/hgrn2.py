@@ -25,7 +25,7 @@ import numpy as np
 from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, row_major
+from .families import ConvSet, FusedProjection, head_major, project, row_major
 from .pieces import logsigmoid, rms_norm, silu
 from .state import LayerState, StateSpec
 
@@ -146,7 +146,7 @@ class HGRN2Mixer:
         state = np.array(st["S"], copy=True)
         o = row_major(vector_gated_chunks(qh, kh, vh, gh, state)).reshape(t, -1)
         o = rms_norm(o, self.norm_w, OUTPUT_NORM_EPS)
-        return o @ self.w_o.T, LayerState({"S": state, **new})
+        return project(o, self.w_o), LayerState({"S": state, **new})
 
 
 def build(

@@ -24,7 +24,7 @@ from linstream.ops.decay.numba import decay_chunks
 from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
-from .families import FusedProjection, head_major, row_major
+from .families import FusedProjection, head_major, project, row_major
 from .gla import FEATURE_MAPS
 from .pieces import ACTIVATIONS, head_norm, rotary, rotary_tables
 from .state import POSITION, LayerState, StateSpec
@@ -167,7 +167,7 @@ class RetNetMixer:
         gate = p["g"].reshape(o.shape) if s.output_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
         new = {"S": np.ascontiguousarray(sx[:, :, :dv]), POSITION: np.array([start + t], np.int64)}
-        return o.reshape(t, -1) @ self.w_o.T, LayerState(new)
+        return project(o.reshape(t, -1), self.w_o), LayerState(new)
 
 
 def build(

@@ -12,24 +12,26 @@ every layer's output as fla's `output_hidden_states` does (the embeddings, the o
 Embedding a sequence chunk by chunk gives the same outputs as in one piece, for any split: the
 states carry everything the past contributes (the recurrent states, the short convolutions' last
 inputs, the position).  Products are NumPy (BLAS) in the compute dtype (float32 by default,
-float64 selectable); the recurrences are the Numba CPU kernels of `linstream.ops` (these models
-have no GPU path).
+float64 selectable), with BLAS held at one thread and a long chunk's rows split across the
+process's threads (`families.project`; the built-in model's layout, `linstream.ops.model.blas`:
+on a shared machine a multi-threaded BLAS call waits for its slowest thread); the recurrences
+are the Numba CPU kernels of `linstream.ops` (these models have no GPU path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from linstream.ops.model.blas import _blas_threads_for
+from linstream.ops.model.blas import _thread_layout
 
 from .config import FlaConfig, ModelFolderError
-from .families import FusedProjection, Mixer
+from .families import FusedProjection, Mixer, project, split_rows
 from .pieces import rms_norm, swiglu
-from .state import LayerState, StateSpec
+from .state import LayerState, StateSpec, stack_states, stacked_layout, unstack_states
 
 __all__ = ["Block", "FlaModel", "LoadReport"]
 
@@ -151,6 +153,19 @@ class FlaModel:
             raise TypeError(msg)
         return [spec.zeros(dt) for spec in self.state_specs]
 
+    def state_layout(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The carried state as a checkpoint stores it: (name, (L, *shape)) per array, S first;
+        the position is the sequence's own (see `stack_states`)."""
+        return stacked_layout(self.state_specs)
+
+    def stack_states(self, states: Sequence[LayerState], position: int) -> dict[str, np.ndarray]:
+        """The states as one array per name, layers first (`state.stack_states`)."""
+        return stack_states(self._check_states(states), position)
+
+    def unstack_states(self, arrays: Mapping[str, np.ndarray], position: int) -> list[LayerState]:
+        """Per-layer states from `stack_states`' arrays, at `position` (`state.unstack_states`)."""
+        return unstack_states(self.state_specs, arrays, position)
+
     def state_nbytes(self, dtype: npt.DTypeLike = np.float64) -> int:
         """Bytes of one sequence's carried state (every layer), whatever its length."""
         return sum(spec.nbytes(np.dtype(dtype)) for spec in self.state_specs)
@@ -270,13 +285,14 @@ class FlaModel:
         x = self._embed[ids]
         out = [x] if keep in (None, 0) else []
         new = []
-        with _blas_threads_for(int(ids.shape[0])):
+        blas, split = _thread_layout()
+        with blas, split_rows(split):
             for i, (b, s) in enumerate(zip(self._blocks, st, strict=True)):
                 a, s_new = b.mixer.forward(rms_norm(x, b.attn_norm, eps), s)
                 new.append(_as_state_dtype(s_new, s.dtype))
                 x = x + a
                 p = b.gate_up(rms_norm(x, b.mlp_norm, eps))
-                x += swiglu(p["gate"], p["up"]) @ b.down.T
+                x += project(swiglu(p["gate"], p["up"]), b.down)
                 if i < n - 1 and keep in (None, i + 1):
                     out.append(x)
             if keep in (None, n):

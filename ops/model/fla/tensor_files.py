@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class TensorEntry:
     """One tensor of a file: where its bytes lie (absolute offsets) and what they hold."""
 
     name: str
-    path: Path
+    path: str
     dtype: str
     shape: tuple[int, ...]
     start: int
@@ -61,10 +61,17 @@ class TensorEntry:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The checked tensor entries of a safetensors file (reads the header only)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+def read_header(
+    path: str,
+    *,
+    size: int | None = None,
+    opener: Callable[[str], IO[bytes]] | None = None,
+) -> dict[str, TensorEntry]:
+    """The checked tensor entries of a safetensors file (reads the header only).  ``size`` and
+    ``opener`` (the file's size and how to open it: a remote file's) default to the local
+    file's."""
+    size = os.path.getsize(path) if size is None else size
+    with (opener or _open_local)(path) as f:
         head = f.read(8)
         if len(head) < 8:
             msg = f"{path}: not a safetensors file ({len(head)} bytes)"
@@ -92,7 +99,11 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     return out
 
 
-def _entry(path: Path, name: str, info: Any, base: int, size: int) -> TensorEntry:
+def _open_local(path: str) -> IO[bytes]:
+    return open(path, "rb")
+
+
+def _entry(path: str, name: str, info: Any, base: int, size: int) -> TensorEntry:
     where = f"{path}: tensor {name!r}"
     if not isinstance(info, dict):
         msg = f"{where} has a malformed header entry"

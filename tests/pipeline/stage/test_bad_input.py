@@ -130,13 +130,15 @@ def test_embed_features_model_and_its_bad_input(tmp_path):
         Chunk("h", 0, np.zeros((2, 4), np.float32)),
         Chunk("i", 0, np.zeros((2, 3), np.int32)),
     ]
-    run = run_stage(chunks, EmbedSequences(path, backend="numpy"))
+    run = run_stage(chunks, EmbedSequences(path, backend="numpy", emit="tokens"))
     assert sorted((d.seq_id, d.reason) for d in run.dead) == [
         ("g", "non_finite"),
         ("h", "bad_shape"),
         ("i", "bad_dtype"),
     ]
-    whole = run_stage([Chunk("f", 0, x, final=True)], EmbedSequences(path, backend="numpy"))
+    whole = run_stage(
+        [Chunk("f", 0, x, final=True)], EmbedSequences(path, backend="numpy", emit="tokens")
+    )
     got = np.concatenate([r.output for r in run.results])
     np.testing.assert_allclose(got, whole.results[0].output, rtol=1e-5, atol=1e-5)
     assert [r.start_position for r in run.results] == [0, 3]

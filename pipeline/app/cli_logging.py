@@ -1,0 +1,85 @@
+"""What the `linstream` command logs: the levels of linstream's and Beam's loggers for 0, 1 or
+2 `-v`, read from the command line before Beam is imported, and the quiet around Beam's import
+(its import-time lines and warnings are shown with -v only)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
+
+__all__ = ["LOGGERS", "StderrHandler", "quiet_imports", "setup_logging", "verbosity"]
+
+LOGGERS = ("", "linstream", "linstream.progress", "apache_beam", "apache_beam.typehints")
+
+
+class StderrHandler(logging.Handler):
+    """The bare message on whatever `sys.stderr` is at the time (progress lines)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed stream: nowhere to show it
+            print(record.getMessage(), file=sys.stderr, flush=True)
+
+
+def verbosity(argv: list[str]) -> int:
+    """How many -v the command line holds (`-v`, `-vv`, `--verbose`), read before the parser is
+    built: building it imports Beam, whose import-time lines depend on it."""
+    n = 0
+    for a in argv:
+        if a == "--":
+            break
+        if a == "--verbose":
+            n += 1
+        elif len(a) > 1 and a[0] == "-" and a[1] != "-" and set(a[1:]) == {"v"}:
+            n += len(a) - 1
+    return n
+
+
+def setup_logging(verbose: int) -> dict[str, int]:
+    """Set the log levels for this command; returns the previous ones (restored at the end, so
+    that `main()` called in a process of its own leaves its logging as it found it).
+
+    0: linstream's warnings, the progress lines, errors; Beam says nothing (a failed worker's
+    error is the command's one line).  -v: linstream's info lines (each stage's progress) and
+    Beam's worker logs (INFO), without its type-hint chatter.  -vv: everything, at DEBUG.
+    """
+    before = {name: logging.getLogger(name).level for name in LOGGERS}
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("linstream").setLevel(level)
+    progress = logging.getLogger("linstream.progress")
+    progress.setLevel(logging.INFO)
+    beam, hints = logging.getLogger("apache_beam"), logging.getLogger("apache_beam.typehints")
+    if verbose >= 2:
+        logging.getLogger().setLevel(logging.INFO)
+        beam.setLevel(logging.DEBUG)
+    elif verbose == 1:
+        beam.setLevel(logging.INFO)
+        hints.setLevel(logging.WARNING)  # one line per type hint it cannot read: noise
+    else:  # the runner logs worker failures with their tracebacks; -v shows them
+        beam.setLevel(logging.CRITICAL)
+    if not any(isinstance(h, StderrHandler) for h in progress.handlers):
+        progress.addHandler(StderrHandler())
+        progress.propagate = False
+    return before
+
+
+@contextlib.contextmanager
+def quiet_imports(verbose: int) -> Iterator[None]:
+    """Without -v, what Beam says while it is imported is not shown: it logs to the root logger
+    (e.g. "apitools not found ..." where the gcp extra is not installed) and warns, on every
+    run, about things the job does not use."""
+    if verbose:
+        yield
+        return
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
