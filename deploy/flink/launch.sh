@@ -83,6 +83,10 @@ elif [ -n "${KAFKA_BOOTSTRAP:-}" ]; then
     --kafka_bootstrap="$KAFKA_BOOTSTRAP"
     --kafka_topic="$KAFKA_TOPIC"
     --checkpointing_interval="${CHECKPOINTING_INTERVAL_MS:-60000}"
+    # Without it, a bundle still open when a checkpoint begins has its outputs held back while
+    # its watermark goes on: the Kafka source's first bundle can be held so, and the job then
+    # waits for ever, RUNNING, for input it never reads.
+    --finish_bundle_before_checkpointing
   )
   if [ "$ENVIRONMENT_TYPE" = "LOOPBACK" ]; then
     EXPANSION_ENDPOINT="${EXPANSION_ENDPOINT:-localhost:8097}"

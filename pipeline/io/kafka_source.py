@@ -49,6 +49,14 @@ class JavaRunnerOptions(PipelineOptions):
             "needs them: Beam's sinks and the Kafka source require stable input)",
         )
         parser.add_argument(
+            "--finish_bundle_before_checkpointing",
+            action="store_true",
+            default=None,
+            help="Flink: finish every open bundle before a checkpoint barrier passes (without "
+            "it, a bundle open at a checkpoint has its outputs held back while its watermark "
+            "goes ahead: a streaming job can then wait for ever for input it already read)",
+        )
+        parser.add_argument(
             "--number_of_execution_retries",
             type=int,
             default=None,

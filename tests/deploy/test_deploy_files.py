@@ -342,6 +342,9 @@ def test_launch_scripts_produce_runner_options() -> None:
     opts = PipelineOptions(beam_args).get_all_options()
     assert (opts["runner"], opts["environment_type"]) == ("PortableRunner", "EXTERNAL")
     assert opts["number_of_execution_retries"] is None  # Flink's default for a cluster's workers
+    # A streaming job on Flink finishes its bundles before each checkpoint (its Kafka source's
+    # first bundle held back at a checkpoint left the job reading nothing).
+    assert opts["finish_bundle_before_checkpointing"] is True
     # LOOPBACK workers die with the command: a bounded number of restarts, passed on to Flink.
     loop = _print_only(
         DEPLOY / "flink" / "launch.sh",
@@ -350,6 +353,7 @@ def test_launch_scripts_produce_runner_options() -> None:
     args, beam_args = submit.split_args(loop.stdout.splitlines()[2:])
     opts = PipelineOptions(beam_args).get_all_options()
     assert (opts["number_of_execution_retries"], opts["execution_retry_delay"]) == (2, 2000)
+    assert opts["finish_bundle_before_checkpointing"] is None  # batch: no Flink checkpoints
     spark_env = {
         "SPARK_MASTER_URL": "spark://m:7077",
         "INPUT": "i",
