@@ -18,9 +18,7 @@ spread is reported.  Rivals in the same run, interleaved, best of 3:
   allocated once, float32 state; PyTorch straightforward: what a user would write;
 - recurrent prototype (recurrent_prototype.py): a few dozen lines of Numba, one head per task,
   token by token, float32 state, compile-time widths; on the [T, H, d] inputs the kernel gets,
-  and on head-major [H, T, d] copies made before the timing (test_bench_kernel_vs_prototype),
-  where the two-phase kernel of commit TWO_PHASE_COMMIT (whole-row copies into head-major
-  buffers, then one task per head) runs beside them.
+  and on head-major [H, T, d] copies made before the timing (test_bench_kernel_vs_prototype).
 
 Results: stdout, RESULTS-ops.md, and the plots docs/img/kernel-chunks.png and kernel-widths.png.
 """
@@ -53,8 +51,6 @@ CHUNKS = (32, 64, 128, 256)
 WIDTHS = ((16, 16), (32, 32), (64, 64), (128, 128), (64, 32), (32, 128))
 BASE_COMMIT = "d311f34"  # the kernel before the recurrent rewrite
 LANDED_COMMIT = "789a260"  # the first recurrent kernel (one head per task, one token per pass)
-# the kernel with whole-row copies into head-major buffers on several threads (not kept)
-TWO_PHASE_COMMIT = "a10313c"
 REPEATS = 3  # the decisive comparison (numba vs previous at C=64, share of the rate), repeated
 RESULTS = Path(__file__).with_name("RESULTS-ops.md")
 COMMAND = "pytest tests/bench/test_bench_ops.py -m bench -s -p no:randomly"
@@ -410,9 +406,6 @@ def test_bench_kernel_vs_prototype():
         "prototype, [T, H, d] in": lambda: recurrent_prototype(q, k, v),
         "prototype, [H, T, d] in": lambda: recurrent_prototype_htd(*heads, oh),
     }
-    two_phase = _previous_kernel(TWO_PHASE_COMMIT)
-    if two_phase is not None:
-        rivals["two-phase kernel"] = lambda: two_phase(q, k, v, 64)
     n = 4096
     ref, _ = causal_linear_attention(
         *(x[:n].astype(np.float64) for x in (q, k, v)), backend="numpy"
@@ -424,7 +417,6 @@ def test_bench_kernel_vs_prototype():
         "kernel": causal_linear_attention(q[:n], k[:n], v[:n], backend="numba")[0],
         "prototype": recurrent_prototype(q[:n], k[:n], v[:n]),
         "prototype, head-major": o_small.transpose(1, 0, 2),
-        **({"two-phase kernel": two_phase(q[:n], k[:n], v[:n], 64)} if two_phase else {}),
     }.items():
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4, err_msg=name)
     flops = H * 4 * D * D
@@ -436,8 +428,8 @@ def test_bench_kernel_vs_prototype():
         "",
         "| threads | matmul rate, best (median) GFLOP/s | "
         + " | ".join(f"{n} tokens/s" for n in rivals)
-        + " | kernel / prototype [T,H,d] | kernel / prototype [H,T,d] | two-phase / [H,T,d] |",
-        "|---:|---:|" + "---:|" * (len(rivals) + 3),
+        + " | kernel / prototype [T,H,d] | kernel / prototype [H,T,d] |",
+        "|---:|---:|" + "---:|" * (len(rivals) + 2),
     ]
     rounds = int(os.environ.get("LINSTREAM_BENCH_ROUNDS", 7))
     for threads in (2, 1):
@@ -454,8 +446,7 @@ def test_bench_kernel_vs_prototype():
             f"| {threads} | {roof / 1e9:.0f} ({median}) | "
             + " | ".join(f"{x:,.0f} ({100 * x * flops / roof:.0f}%)" for x in rate.values())
             + f" | {kern / rate['prototype, [T, H, d] in']:.2f}× "
-            f"| {kern / rate['prototype, [H, T, d] in']:.2f}× "
-            f"| {rate.get('two-phase kernel', 0) / rate['prototype, [H, T, d] in']:.2f}× |"
+            f"| {kern / rate['prototype, [H, T, d] in']:.2f}× |"
         )
     lines.append(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     text = "\n".join(lines)
