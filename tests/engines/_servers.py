@@ -100,7 +100,8 @@ class Server:
     jvm: bool = True
     started_s: float = 0.0
     #: Folders the server writes outside its log (a job server's staged artifacts, ~200 MB per
-    #: Kafka job): removed when it stops, so that no run of the tests leaves them behind.
+    #: Kafka job, and its JVM's temporary files, such as Flink's unpacked 22 MB RPC jar): removed
+    #: when it stops, so that no run of the tests leaves them behind.
     scratch: list[Path] = field(default_factory=list)
 
     @property

@@ -6,17 +6,8 @@ cannot rename them (9.2 with xdist 3.8) loses the groups without a word: this te
 
 from __future__ import annotations
 
-import pytest
-
-
-def _under_loadgroup(request: pytest.FixtureRequest) -> bool:
-    return bool(getattr(request.config.option, "loadgroup", False))
+from helpers.xdist_groups import assert_in_xdist_group
 
 
 def test_the_engine_tests_are_one_xdist_group(request):
-    if not _under_loadgroup(request):
-        pytest.skip("only under `pytest -n N --dist loadgroup`, as `make test` runs the suite")
-    assert request.node.nodeid.endswith("@engines"), (
-        f"{request.node.nodeid}: pytest-xdist did not apply the engines group "
-        f"(pytest {pytest.__version__}); see constraints.txt"
-    )
+    assert_in_xdist_group(request, "engines")
