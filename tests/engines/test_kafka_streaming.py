@@ -210,17 +210,13 @@ def test_kafka_stream_on_flink_matches_a_batch_run_and_resumes(kafka_broker, tin
             RESUME="1" if resume else "0",
         )
 
-    # Each job on a job server of its own, as after a restart of the cluster: a second Kafka job
-    # on Beam's Flink job server, after the first one was stopped there, at times read nothing
-    # (seen twice in about a dozen runs on a loaded machine, the job RUNNING, no result in 7 min).
-    servers: list[Server] = []
+    # Both jobs on one job server, as a user resumes on the same cluster (the first job is
+    # cancelled there before the second starts).
+    server = start_job_server("flink", tmp_path / "job-server")
     try:
         # -- the first job: half of every sequence, and a message that is no chunk --------------
         produce(bootstrap, topic, [*_messages(first + probe[:2], rng), ("k-0", b"not a chunk")])
-        servers.append(start_job_server("flink", tmp_path / "job-server-0"))
-        job = StreamingJob(
-            servers[0], tmp_path / "job-0.log", env(servers[0], outs[0], False), *extra
-        )
+        job = StreamingJob(server, tmp_path / "job-0.log", env(server, outs[0], False), *extra)
         try:
             want = {(c.seq_id, c.index) for c in [*first, *probe[:2]]}
             job.wait_for("results of the first half", lambda: _results(outs[0]) >= want)
@@ -245,31 +241,26 @@ def test_kafka_stream_on_flink_matches_a_batch_run_and_resumes(kafka_broker, tin
             code = job.stop()
         print(f"first job stopped with exit status {code}")
         assert code == 130  # stopped by SIGINT, as the command line promises
-        # The cancelled job's staged files (the Kafka I/O's jars) went to the job server's own
-        # folder, and stopping the server removes them: a run of the tests leaves none behind.
-        staged = tmp_path / "job-server-0" / "artifacts"
-        assert any(p.is_file() for p in staged.rglob("*")), staged
-        # and so did the JVM's temporary files (Flink unpacks its RPC system's jar at each start)
-        jvm_tmp = tmp_path / "job-server-0" / "jvm-tmp"
-        assert list(jvm_tmp.glob("flink-rpc-*.jar")), sorted(jvm_tmp.iterdir())
-        servers.pop().stop()
-        assert not staged.exists(), staged
-        assert not jvm_tmp.exists(), jvm_tmp
 
         # -- the rest of every sequence; a job resumed from the checkpoint folder -----------------
         produce(bootstrap, topic, _messages(second, rng))
-        servers.append(start_job_server("flink", tmp_path / "job-server-1"))
-        job = StreamingJob(
-            servers[0], tmp_path / "job-1.log", env(servers[0], outs[1], True), *extra
-        )
+        job = StreamingJob(server, tmp_path / "job-1.log", env(server, outs[1], True), *extra)
         try:
             want = {(c.seq_id, c.index) for c in [*first, *second, *probe[:2]]}
             job.wait_for("results of every chunk", lambda: _results(*outs) >= want)
         finally:
             job.stop()
+        # The cancelled jobs' staged files (the Kafka I/O's jars) went to the job server's own
+        # folder, and stopping the server removes them: a run of the tests leaves none behind.
+        staged = tmp_path / "job-server" / "artifacts"
+        assert any(p.is_file() for p in staged.rglob("*")), staged
+        # and so did the JVM's temporary files (Flink unpacks its RPC system's jar at each start)
+        jvm_tmp = tmp_path / "job-server" / "jvm-tmp"
+        assert list(jvm_tmp.glob("flink-rpc-*.jar")), sorted(jvm_tmp.iterdir())
     finally:
-        for server in servers:
-            server.stop()
+        server.stop()
+    assert not staged.exists(), staged
+    assert not jvm_tmp.exists(), jvm_tmp
 
     verdict = judge(batch_out, outs)
     assert verdict.ok, str(verdict)
