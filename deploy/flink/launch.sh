@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run `linstream embed` on Flink through Beam's portable runner and a Beam Flink job server; waits
 # for a batch job and prints its summary (a streaming job runs until you stop it: Ctrl-C stops
-# waiting, the job goes on on Flink).
+# waiting; with LOOPBACK workers it also cancels the job, which cannot go on without them, and
+# otherwise the job goes on on Flink).
 #
 # On this machine (an embedded Flink cluster in the job server's JVM; Java 17, no Docker):
 #   deploy/flink/job-server.sh &        # Beam's Flink job server on localhost:8099 (8098, 8097)

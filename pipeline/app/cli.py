@@ -123,11 +123,21 @@ def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
     return shlex.join([_PROG, *again])
 
 
-def _report_stop(config: EmbedConfig, argv: list[str], signame: str, rest: list[str]) -> None:
+def _report_stop(
+    config: EmbedConfig, argv: list[str], signame: str, rest: list[str], cancelled: bool = False
+) -> None:
     from .job import is_local_runner, runner_of
     from .stopping import remove_stale_temporaries, result_files
 
     runner = runner_of(rest)
+    if not is_local_runner(runner) and cancelled:
+        again = "; run it again with --resume to continue" if config.checkpoint_dir else ""
+        print(
+            f"linstream embed: stopped by {signame}: the job was cancelled on {runner} too (its "
+            f"LOOPBACK workers ran in this process){again}",
+            file=sys.stderr,
+        )
+        return
     if not is_local_runner(runner):
         print(
             f"linstream embed: stopped by {signame}: stopped waiting; the job goes on running on "
@@ -164,7 +174,7 @@ def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         summary = run_stoppable(lambda: run_embed(config, rest, log=_note))
     except Stopped as stop:
-        _report_stop(config, args.argv, str(stop), rest)
+        _report_stop(config, args.argv, str(stop), rest, cancelled=stop.hooks_done > 0)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped

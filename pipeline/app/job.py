@@ -317,6 +317,24 @@ def _announce_compile(config: EmbedConfig, log: Any) -> contextlib.AbstractConte
     return on_first_compile(lambda _name: log(_COMPILING))
 
 
+def _cancelled_on_stop(
+    opts: PipelineOptions, result: Any
+) -> contextlib.AbstractContextManager[Any]:
+    """A job handed to a job server (PortableRunner) with LOOPBACK workers cannot go on once this
+    process stops (its workers are here): a stop cancels it on the runner too, where it would
+    otherwise fail and be restarted.  Other jobs are left to their runner (a cluster's workers
+    carry on without this process; a runner this process started stops with it)."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    from .stopping import on_stop
+
+    runner = str(opts.get_all_options().get("runner") or "")
+    env = str(opts.view_as(PortableOptions).environment_type or "").upper()
+    if runner.rsplit(".", 1)[-1] != "PortableRunner" or env != "LOOPBACK":
+        return contextlib.nullcontext()
+    return on_stop(result.cancel)
+
+
 def run_embed(
     config: EmbedConfig, beam_args: list[str] | None = None, *, log: Any = None
 ) -> JobSummary:
@@ -357,7 +375,8 @@ def run_embed(
         # as an SDK harness sizes it (FnApiRunner: 100 MB)
         with announce, state_cache_for(opts):
             result = pipeline.run()
-            result.wait_until_finish()
+            with _cancelled_on_stop(opts, result):
+                result.wait_until_finish()
     except Exception as ex:
         raise JobFailed(str(ex)) from ex
     wall = time.perf_counter() - t0

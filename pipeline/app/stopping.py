@@ -3,8 +3,9 @@
 `run_stoppable(fn)` runs `fn` (the whole Beam run) in a thread that has SIGINT and SIGTERM
 blocked, as have every thread and worker process the runner starts from it (a blocked signal
 mask is inherited across fork and exec), so only the calling thread sees the signal: no worker
-prints a KeyboardInterrupt traceback.  On a signal it kills the job's worker processes (SIGKILL:
-the checkpoint commit protocol holds at any kill) and raises `Stopped`; the caller says what was
+prints a KeyboardInterrupt traceback.  On a signal it runs what `on_stop` registered (cancelling
+a remote job whose workers live here), kills the job's worker processes (SIGKILL: the checkpoint
+commit protocol holds at any kill) and raises `Stopped`; the caller says what was
 finalized and how to resume, then leaves with `os._exit` (the runner's threads are not joined).
 """
 
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 __all__ = [
     "Stopped",
     "kill_descendants",
+    "on_stop",
     "remove_stale_temporaries",
     "result_files",
     "run_stoppable",
@@ -34,12 +36,48 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _TEMP_PREFIXES = (".temp", "beam-temp-")
 
 
+#: What a stop does before it kills the job's processes (`on_stop`), in registration order.
+_ON_STOP: list[Callable[[], object]] = []
+#: Bound on each of them: a stop never waits longer for a runner that does not answer.
+ON_STOP_TIMEOUT_S = 15.0
+
+
+@contextlib.contextmanager
+def on_stop(fn: Callable[[], object]) -> Iterator[None]:
+    """While the block runs, a stop (SIGINT/SIGTERM in `run_stoppable`) calls ``fn()`` first,
+    at most ON_STOP_TIMEOUT_S, its errors ignored: e.g. cancel the job on a remote runner
+    whose workers live in this process and die with it."""
+    _ON_STOP.append(fn)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            _ON_STOP.remove(fn)
+
+
+def _run_stop_hooks() -> int:
+    """Runs what `on_stop` registered; how many returned without error in their time."""
+    done: list[bool] = []
+    for fn in list(_ON_STOP):
+        t = threading.Thread(target=_quietly, args=(fn, done), name="linstream-stop", daemon=True)
+        t.start()
+        t.join(ON_STOP_TIMEOUT_S)
+    return len(done)
+
+
+def _quietly(fn: Callable[[], object], done: list[bool]) -> None:
+    with contextlib.suppress(BaseException):
+        fn()
+        done.append(True)
+
+
 class Stopped(Exception):
     """The job was stopped by `signum` (SIGINT or SIGTERM)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, hooks_done: int = 0) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.hooks_done = hooks_done  # `on_stop` callbacks that completed (e.g. a job cancelled)
 
     @property
     def exit_code(self) -> int:
@@ -152,8 +190,9 @@ def _run_in_thread(fn: Callable[[], T], poll_s: float) -> T:
     if got:
         # The runner's threads fail as their workers die; they are stopped, not failing.
         threading.excepthook = lambda _args: None
+        done = _run_stop_hooks()
         kill_descendants()
-        raise Stopped(got[0])
+        raise Stopped(got[0], done)
     if "error" in box:
         raise box["error"]
     value: T = box["value"]  # set by target

@@ -237,21 +237,3 @@ def job_states(server: Server) -> list[tuple[str, str]]:
             return [(j.job_name, api.JobState.Enum.Name(j.state)) for j in jobs.job_info]
     except grpc.RpcError as e:
         return [("(the job server did not answer)", str(e.code()))]
-
-
-def cancel_running_jobs(endpoint: str) -> list[str]:
-    """Cancel every running job on a Beam job server (what stopping a streaming job on the
-    engine takes: `linstream embed` stopped by Ctrl-C only stops waiting for it); returns the
-    cancelled jobs' names."""
-    import grpc
-    from apache_beam.portability.api import beam_job_api_pb2 as api
-    from apache_beam.portability.api import beam_job_api_pb2_grpc as api_grpc
-
-    cancelled = []
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = api_grpc.JobServiceStub(channel)
-        for job in stub.GetJobs(api.GetJobsRequest(), timeout=30).job_info:
-            if job.state in (api.JobState.RUNNING, api.JobState.STARTING, api.JobState.STOPPED):
-                stub.Cancel(api.CancelJobRequest(job_id=job.job_id), timeout=60)
-                cancelled.append(job.job_name)
-    return cancelled

@@ -26,7 +26,6 @@ from _jobs import LINSTREAM, embed_cmd, launch_cmd, launch_env, run
 from _kafka import arrow_message, create_topic, json_message, produce, start_broker
 from _servers import (
     Server,
-    cancel_running_jobs,
     job_states,
     need,
     start_job_server,
@@ -51,8 +50,8 @@ def kafka_broker(tmp_path_factory):
 
 class StreamingJob:
     """`linstream embed --streaming` on Flink, in its own process group, stopped as a user
-    stops it (Ctrl-C), then cancelled on the job server (LOOPBACK workers die with the command,
-    so the job could not go on)."""
+    stops it (Ctrl-C), which also cancels the job on the job server (its LOOPBACK workers die
+    with the command, so it could not go on)."""
 
     def __init__(self, server: Server, log: Path, env: dict[str, str], *extra: str) -> None:
         self.server, self.log = server, log
@@ -100,8 +99,17 @@ class StreamingJob:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
-        cancel_running_jobs(self.server.endpoint())
         return self.proc.returncode
+
+    def states_after_stop(self, wait_s: float = 60) -> list[str]:
+        """The states of the jobs on the server once none is running or starting (or after
+        ``wait_s``)."""
+        t0 = time.monotonic()
+        while True:
+            states = [state for _name, state in job_states(self.server)]
+            if not {"RUNNING", "STARTING"} & set(states) or time.monotonic() > t0 + wait_s:
+                return states
+            time.sleep(1)
 
 
 def _chunks(seed: int) -> dict[str, list]:
@@ -220,6 +228,10 @@ def test_kafka_stream_on_flink_matches_a_batch_run_and_resumes(kafka_broker, tin
         try:
             want = {(c.seq_id, c.index) for c in [*first, *probe[:2]]}
             job.wait_for("results of the first half", lambda: _results(outs[0]) >= want)
+            # The running job's staged files (the Kafka I/O's jars) are in the job server's own
+            # folder, which goes with the server (Beam removes them only when a job completes).
+            staged = tmp_path / "job-server" / "artifacts"
+            assert any(p.is_file() for p in staged.rglob("*")), staged
             # Results are written by commits only, and no sequence reached 50 chunks or its
             # final one: the idle timer committed each, where its chunks ended.
             heads = _heads(ckpt)
@@ -241,6 +253,10 @@ def test_kafka_stream_on_flink_matches_a_batch_run_and_resumes(kafka_broker, tin
             code = job.stop()
         print(f"first job stopped with exit status {code}")
         assert code == 130  # stopped by SIGINT, as the command line promises
+        # and the job on the runner was cancelled with it (its LOOPBACK workers are gone)
+        assert job.states_after_stop() == ["CANCELLED"]
+        said = job.log.read_text(errors="replace")
+        assert "stopped by SIGINT: the job was cancelled on PortableRunner too" in said, said
 
         # -- the rest of every sequence; a job resumed from the checkpoint folder -----------------
         produce(bootstrap, topic, _messages(second, rng))
@@ -250,11 +266,10 @@ def test_kafka_stream_on_flink_matches_a_batch_run_and_resumes(kafka_broker, tin
             job.wait_for("results of every chunk", lambda: _results(*outs) >= want)
         finally:
             job.stop()
-        # The cancelled jobs' staged files (the Kafka I/O's jars) went to the job server's own
-        # folder, and stopping the server removes them: a run of the tests leaves none behind.
-        staged = tmp_path / "job-server" / "artifacts"
-        assert any(p.is_file() for p in staged.rglob("*")), staged
-        # and so did the JVM's temporary files (Flink unpacks its RPC system's jar at each start)
+        assert sorted(job.states_after_stop()) == ["CANCELLED", "CANCELLED"]
+        # The JVM's temporary files are in the server's own folder too (Flink unpacks its RPC
+        # system's jar at each start); stopping the server removes both: a run of the tests
+        # leaves none behind.
         jvm_tmp = tmp_path / "job-server" / "jvm-tmp"
         assert list(jvm_tmp.glob("flink-rpc-*.jar")), sorted(jvm_tmp.iterdir())
     finally:
