@@ -109,6 +109,14 @@ class StoreCommitChecks(StoreRestore, StoreRetention):
             if not intact:
                 log.warning("%s: rewriting the missing or damaged data file of a commit", dpath)
                 self._fs.write_immutable(dpath, buf)
+                # Retention removes a commit file first, then its data file: if the commit
+                # is gone now, its data file was missing because it was removed with it, and
+                # the file just written back would be an orphan.
+                newest = self._vanished(seq_dir, mine.commit)
+                if newest is not None:
+                    self._fs.remove(dpath)
+                    path = self._cpath(seq_dir, mine.commit)
+                    raise self.moved_on(st.seq_id, mine.commit, newest, path)
             return CommitOutcome.DUPLICATE
         where = f"sequence {st.seq_id!r} position {st.position}"
         first = self.read_chain(st.seq_id, mine.commit).state  # moved_on if pruned meanwhile

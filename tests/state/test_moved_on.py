@@ -83,3 +83,35 @@ def test_a_commit_taken_then_pruned_meanwhile_is_superseded_without_an_orphan(ro
     monkeypatch.undo()
     assert store.orphans() == [] and store.verify() == []
     assert store.restore("s", fingerprint=FP) == at(5)
+
+
+def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no_orphan(
+    root, monkeypatch
+):
+    """A twin job meets the same commit (a duplicate) and checks its data file just after the
+    other job's retention removed the commit: it must not write the file back as a repair."""
+    store = CheckpointStore(root, background_prune=False)
+    states = _chain(store, 2)
+
+    def at(position):
+        return dataclasses.replace(states[0], position=position, next_chunk=position)
+
+    store.commit(at(3), History(3, 2, -1, b""))
+    late = CheckpointStore(root, background_prune=False)
+    real = late._fs.read
+    fired = []
+
+    def read_after_prune(path, limit):
+        if path.endswith(".arrow") and not fired:  # between its manifest and its data file
+            fired.append(path)
+            store.commit(at(4), History(4, 3, -1, b""))
+            store.commit(at(5), History(5, 4, -1, b""))  # retention removes commit 3
+        return real(path, limit)
+
+    monkeypatch.setattr(late._fs, "read", read_after_prune)
+    with pytest.raises(SupersededError, match="moved on to commit 5"):
+        late.commit(at(3), History(3, 2, -1, b""))
+    monkeypatch.undo()
+    assert fired
+    assert store.orphans() == [] and store.verify() == []
+    assert store.restore("s", fingerprint=FP) == at(5)
