@@ -130,20 +130,16 @@ def _report_stop(
     from .stopping import remove_stale_temporaries, result_files
 
     runner = runner_of(rest)
-    if not is_local_runner(runner) and cancelled:
-        again = "; run it again with --resume to continue" if config.checkpoint_dir else ""
-        print(
-            f"linstream embed: stopped by {signame}: the job was cancelled on {runner} too (its "
-            f"LOOPBACK workers ran in this process){again}",
-            file=sys.stderr,
-        )
-        return
     if not is_local_runner(runner):
-        print(
-            f"linstream embed: stopped by {signame}: stopped waiting; the job goes on running on "
-            f"{runner} (cancel it there)",
-            file=sys.stderr,
-        )
+        if cancelled:
+            again = "; run it again with --resume to continue" if config.checkpoint_dir else ""
+            what = (
+                f"the job was cancelled on {runner} too (its LOOPBACK workers ran in this "
+                f"process){again}"
+            )
+        else:
+            what = f"stopped waiting; the job goes on running on {runner} (cancel it there)"
+        print(f"linstream embed: stopped by {signame}: {what}", file=sys.stderr)
         return
     output = str(config.output).rstrip("/")
     removed = remove_stale_temporaries(output)

@@ -318,7 +318,7 @@ def _announce_compile(config: EmbedConfig, log: Any) -> contextlib.AbstractConte
 
 
 def _cancelled_on_stop(
-    opts: PipelineOptions, result: Any
+    opts: PipelineOptions, runner: str, result: Any
 ) -> contextlib.AbstractContextManager[Any]:
     """A job handed to a job server (PortableRunner) with LOOPBACK workers cannot go on once this
     process stops (its workers are here): a stop cancels it on the runner too, where it would
@@ -328,7 +328,6 @@ def _cancelled_on_stop(
 
     from .stopping import on_stop
 
-    runner = str(opts.get_all_options().get("runner") or "")
     env = str(opts.view_as(PortableOptions).environment_type or "").upper()
     if runner.rsplit(".", 1)[-1] != "PortableRunner" or env != "LOOPBACK":
         return contextlib.nullcontext()
@@ -375,7 +374,7 @@ def run_embed(
         # as an SDK harness sizes it (FnApiRunner: 100 MB)
         with announce, state_cache_for(opts):
             result = pipeline.run()
-            with _cancelled_on_stop(opts, result):
+            with _cancelled_on_stop(opts, runner, result):
                 result.wait_until_finish()
     except Exception as ex:
         raise JobFailed(str(ex)) from ex
