@@ -185,6 +185,15 @@ class Cell:
 
         return CheckpointStore(self.ckpt).commits(seq_id)[0]
 
+    def listing(self) -> str:
+        """Every file in the checkpoint store with its time (which writer came last)."""
+        fs, root = self._fs(self.ckpt)
+        found = fs.find(root, detail=True)
+        return "\n".join(
+            f"  {path} {info.get('updated') or info.get('mtime') or info.get('LastModified')}"
+            for path, info in sorted(found.items())
+        )
+
     # -- jobs ---------------------------------------------------------------------------
     def cmd(self, out: str, *extra: str, inp: str | None = None) -> list[str]:
         i = self.inputs
@@ -255,6 +264,8 @@ def twin_job(cell: Cell) -> Expect:
     ]
     for proc in procs:
         log = proc.communicate(timeout=600)[0]
+        with open(cell.log, "a") as f:
+            f.write(f"$ {' '.join(proc.args)}\nexit {proc.returncode}\n{log}\n")
         assert proc.returncode == 0 and "Traceback" not in log, log[-3000:]
     final = cell.url("out-final")
     _ok(cell.run(final, "--resume"))
@@ -366,7 +377,7 @@ def run_cell(cell: Cell, fault: str) -> list[str]:
     if bad != expect.verify_bad or verify.returncode != (1 if expect.verify_bad else 0):
         problems.append(f"verify: expected {sorted(expect.verify_bad)} bad, got:\n{text}")
     if "Traceback" in text or (expect.no_orphans and "orphan" in text):
-        problems.append(f"verify: {text}")
+        problems.append(f"verify: {text}\nthe store then held:\n{cell.listing()}")
     if expect.outside is not None:
         url, known = expect.outside
         if not cell.exists(url) or cell.read(url) != known:
