@@ -27,6 +27,11 @@ def _chain(store, n):
     return states
 
 
+def _at(states, position):
+    """The chain's state moved to ``position`` (a later commit of the same sequence)."""
+    return dataclasses.replace(states[0], position=position, next_chunk=position)
+
+
 def test_head_reads_again_when_the_commit_it_reads_is_removed(root, monkeypatch):
     store = CheckpointStore(root, background_prune=False)
     states = _chain(store, 2)
@@ -37,12 +42,8 @@ def test_head_reads_again_when_the_commit_it_reads_is_removed(root, monkeypatch)
     def load_then_advance(self, path, *args, **kwargs):
         if not fired:  # the other job commits twice and prunes the commit being read
             fired.append(path)
-            other.commit(
-                dataclasses.replace(states[0], position=3, next_chunk=3), History(3, 2, -1, b"")
-            )
-            other.commit(
-                dataclasses.replace(states[0], position=4, next_chunk=4), History(4, 3, -1, b"")
-            )
+            other.commit(_at(states, 3), History(3, 2, -1, b""))
+            other.commit(_at(states, 4), History(4, 3, -1, b""))
         return real(self, path, *args, **kwargs)
 
     monkeypatch.setattr(CheckpointStore, "_load_file", load_then_advance)
@@ -64,16 +65,13 @@ def test_a_commit_taken_then_pruned_meanwhile_is_superseded_without_an_orphan(ro
     real = late._read_manifest_if_any
     calls = []
 
-    def at(position):
-        return dataclasses.replace(states[0], position=position, next_chunk=position)
-
     def others_move(mpath, position):
         calls.append(mpath)
         if len(calls) == 1:  # before the create: the other job takes commit 3 ...
-            store.commit(at(3), History(3, 2, -1, b""))
+            store.commit(_at(states, 3), History(3, 2, -1, b""))
         elif len(calls) == 2:  # ... and after it failed, moves on and prunes commit 3
-            store.commit(at(4), History(4, 3, -1, b""))
-            store.commit(at(5), History(5, 4, -1, b""))
+            store.commit(_at(states, 4), History(4, 3, -1, b""))
+            store.commit(_at(states, 5), History(5, 4, -1, b""))
         return None if len(calls) == 1 else real(mpath, position)
 
     monkeypatch.setattr(late, "_read_manifest_if_any", others_move)
@@ -82,7 +80,7 @@ def test_a_commit_taken_then_pruned_meanwhile_is_superseded_without_an_orphan(ro
         late.commit(other_state, History(3, 2, -1, b""))
     monkeypatch.undo()
     assert store.orphans() == [] and store.verify() == []
-    assert store.restore("s", fingerprint=FP) == at(5)
+    assert store.restore("s", fingerprint=FP) == _at(states, 5)
 
 
 def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no_orphan(
@@ -93,10 +91,7 @@ def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no
     store = CheckpointStore(root, background_prune=False)
     states = _chain(store, 2)
 
-    def at(position):
-        return dataclasses.replace(states[0], position=position, next_chunk=position)
-
-    store.commit(at(3), History(3, 2, -1, b""))
+    store.commit(_at(states, 3), History(3, 2, -1, b""))
     late = CheckpointStore(root, background_prune=False)
     real = late._fs.read
     fired = []
@@ -104,14 +99,14 @@ def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no
     def read_after_prune(path, limit):
         if path.endswith(".arrow") and not fired:  # between its manifest and its data file
             fired.append(path)
-            store.commit(at(4), History(4, 3, -1, b""))
-            store.commit(at(5), History(5, 4, -1, b""))  # retention removes commit 3
+            store.commit(_at(states, 4), History(4, 3, -1, b""))
+            store.commit(_at(states, 5), History(5, 4, -1, b""))  # retention removes commit 3
         return real(path, limit)
 
     monkeypatch.setattr(late._fs, "read", read_after_prune)
     with pytest.raises(SupersededError, match="moved on to commit 5"):
-        late.commit(at(3), History(3, 2, -1, b""))
+        late.commit(_at(states, 3), History(3, 2, -1, b""))
     monkeypatch.undo()
     assert fired
     assert store.orphans() == [] and store.verify() == []
-    assert store.restore("s", fingerprint=FP) == at(5)
+    assert store.restore("s", fingerprint=FP) == _at(states, 5)
