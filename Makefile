@@ -87,7 +87,7 @@ bench: $(VENV)/.test
 	$(BIN)/python -m pytest tests/bench -m bench -s -p no:randomly
 
 gpu-check: $(VENV)/.test
-	$(BIN)/python tests/bench/gpu_check.py
+	$(BIN)/python tests/gpu/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -6,7 +6,7 @@ rescales each token (FAVOR+, see ops/rules/exact_eps.py), the kernel runs on pre
 with eps = 0 and eps is applied per token afterwards, y = r · den / (den + eps · exp(-s_t - b)),
 as the host path does; a float32 chunk in which a key's largest feature would leave float32's
 normal range runs in float64 (one flag read back from the device).  The CPU tests run the same
-function over NumPy stand-in devices (tests/ops/test_model_device.py).
+function over NumPy stand-in devices (tests/ops/model/test_model_device.py).
 """
 
 from __future__ import annotations

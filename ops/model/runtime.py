@@ -63,7 +63,9 @@ from .device import (
     _states_on_device,
     _upload_states,
 )
-from .layers import _activation as _activation  # re-exported (tests/ops/test_numba_kernel.py)
+from .layers import (
+    _activation as _activation,  # re-exported (tests/ops/additive/test_numba_kernel.py)
+)
 from .layers import _Weights
 from .weights import check_tensors, fingerprint, read_model
 

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
-
-from _jobs import LINSTREAM, run
-from _servers import need, start_job_server, stop_all
+from helpers.engine_jobs import LINSTREAM, run
+from helpers.engine_servers import need, start_job_server, stop_all
 
 pytestmark = pytest.mark.bench
 
@@ -82,7 +78,7 @@ def test_engines_against_fn_api_runner(tmp_path):
             servers[engine] = server
             startup[engine] = server.started_s
         t0 = time.perf_counter()
-        from _servers import free_port, start_server
+        from helpers.engine_servers import free_port, start_server
 
         port = free_port()
         p = start_server(

@@ -141,11 +141,9 @@ def run_fla(folder: str) -> dict:
     """fla's forward on two consecutive chunks carrying its cache: the first call in a fresh
     process ("cold") and the next ("warm"); fla's CPU path has run several times slower on a
     first call than on later ones here, so both are reported."""
-    import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import fla.layers.delta_net as fdn
     import fla.layers.gla as fgla
+    import torch
     from helpers.fla_oracle import patch_fla_for_cpu
     from transformers import AutoModel
 
@@ -286,7 +284,6 @@ def _load() -> str:
 def test_bench_fla_families(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("fla")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from helpers.fla_folders import write_folder
 
     mib = 1 << 20

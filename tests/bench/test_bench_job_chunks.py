@@ -22,13 +22,12 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers.plotting import IMG_DIR, line_plot
 from linstream.ops import load_model
 from linstream.pipeline.app.job import run_embed
 from linstream.pipeline.app.options import EmbedConfig
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import table_to_chunks, write_chunk_file
-
-from .plotting import IMG_DIR, line_plot
 
 pytestmark = pytest.mark.bench
 

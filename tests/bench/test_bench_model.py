@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 try:  # imported as tests.bench.test_bench_model by pytest, run as a script in the subprocess
-    from .plotting import IMG_DIR, line_plot
+    from helpers.plotting import IMG_DIR, line_plot
 except ImportError:
     IMG_DIR = line_plot = None
 

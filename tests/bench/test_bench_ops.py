@@ -38,12 +38,11 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from helpers.plotting import IMG_DIR, bar_plot, line_plot
+from helpers.recurrent_prototype import recurrent_prototype, recurrent_prototype_htd
 from linstream.ops import AttentionState, causal_linear_attention
 from linstream.ops.feature_maps import get_feature_map
 from threadpoolctl import threadpool_limits
-
-from .plotting import IMG_DIR, bar_plot, line_plot
-from .recurrent_prototype import recurrent_prototype, recurrent_prototype_htd
 
 H, D, T = 8, 64, 65536
 CHUNKS = (32, 64, 128, 256)

@@ -9,16 +9,12 @@ bounded by DRAIN_BYTES, never once per arriving chunk.
 
 from __future__ import annotations
 
-import os
 import resource
-import sys
 import time
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pipeline"))
-from _beam_helpers import run_transform
+from helpers.pipelines import run_transform
 from linstream.pipeline import CausalLinearAttention, Chunk
 
 pytestmark = pytest.mark.bench

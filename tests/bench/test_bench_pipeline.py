@@ -41,7 +41,13 @@ def test_peak_rss_is_flat_in_sequence_length():
     # so the 10^6 baseline is not inflated by the compiler's memory.
     for n in [10**5, *sizes]:
         out = subprocess.run(
-            [sys.executable, os.path.join(HERE, "_pipeline_rss_job.py"), str(n), "65536", "numba"],
+            [
+                sys.executable,
+                os.path.join(HERE, "..", "helpers", "pipeline_rss_job.py"),
+                str(n),
+                "65536",
+                "numba",
+            ],
             check=True,
             capture_output=True,
             text=True,

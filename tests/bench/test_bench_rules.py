@@ -3,7 +3,7 @@
     pytest tests/bench/test_bench_rules.py -m bench -s
 
 H=8, d_k=d_v=64, T=65536, float32 inputs, elu+1, float64 carried state (the default), Numba
-kernels, contenders interleaved in rounds (best of 3 each; tests/bench/conftest.py).  The
+kernels, contenders interleaved in rounds (best of 3 each; tests/helpers/bench_timing.py).  The
 parameters (γ, log α, β) are made once outside the timed call.  Results go to stdout and to
 RESULTS-rules.md.
 """
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.bench_timing import best_times, matmul_flops
 from linstream.ops import causal_linear_attention
-
-from .conftest import best_times, matmul_flops
 
 H, D_K, D_V, T = 8, 64, 64, 65536
 RESULTS = Path(__file__).with_name("RESULTS-rules.md")

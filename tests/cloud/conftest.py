@@ -20,7 +20,6 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,8 +30,6 @@ from typing import Any
 import pytest
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 #: Environment shared by both servers: no client may reach beyond 127.0.0.1 for credentials.
 _NO_CLOUD_LOOKUPS = {
@@ -118,7 +115,7 @@ def _fake_gcs_binary() -> Path:
 
 @pytest.fixture(scope="session")
 def gcs_store(tmp_path_factory: Any) -> Iterator[ObjectStore]:
-    from gcs_batch_proxy import BatchProxy
+    from helpers.gcs_batch_proxy import BatchProxy
 
     port = _free_port()
     proxy = BatchProxy(port).start()

@@ -9,18 +9,14 @@ unless LINSTREAM_ENGINES=require (make test, CI), where it fails them.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.engine_servers import Server, need, start_job_server, stop_all
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "pipeline"))  # the crash harness (_crash.py)
-
-from _servers import Server, need, start_job_server, stop_all  # noqa: E402
 
 
 # tryfirst: pytest-xdist reads the group marks in this same hook (and names each test by them)
@@ -61,7 +57,7 @@ def tiny_model(tmp_path_factory: Any) -> str:
 
 
 def _case(tmp_path_factory: Any, model: str, seed: int, bad: bool) -> Any:
-    from _jobs import Case, embed_cmd, run, write_case_input
+    from helpers.engine_jobs import Case, embed_cmd, run, write_case_input
 
     print(f"engine case seed {seed}")
     root = tmp_path_factory.mktemp("case")

@@ -3,7 +3,7 @@ parallelism 2), LOOPBACK Python workers, run through deploy/flink/launch.sh as a
 
 from __future__ import annotations
 
-from _jobs import (
+from helpers.engine_jobs import (
     assert_same_results,
     dead_letters,
     launch_cmd,

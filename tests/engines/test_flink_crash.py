@@ -15,9 +15,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _crash import _left, commits_made, judge
-from _jobs import JOB_TIMEOUT_S, dead_letters, launch_cmd, launch_env, run
-from _servers import Server, need, start_job_server
+from helpers.crash import _left, commits_made, judge
+from helpers.engine_jobs import JOB_TIMEOUT_S, dead_letters, launch_cmd, launch_env, run
+from helpers.engine_servers import Server, need, start_job_server
 
 KILLS = 2
 

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _crash import judge
-from _jobs import LINSTREAM, embed_cmd, launch_cmd, launch_env, run
-from _kafka import arrow_message, create_topic, json_message, produce, start_broker
-from _servers import (
+from helpers.crash import judge
+from helpers.engine_jobs import LINSTREAM, embed_cmd, launch_cmd, launch_env, run
+from helpers.engine_servers import (
     Server,
     job_states,
     need,
     start_job_server,
 )
+from helpers.kafka import arrow_message, create_topic, json_message, produce, start_broker
 
 SEQUENCES, CHUNKS, TOKENS = 4, 6, 16
 FIRST = 3  # chunks of each sequence in the first half

@@ -3,8 +3,8 @@ user runs it: `--runner=PrismRunner --prism_location=<the binary>` (no download)
 
 from __future__ import annotations
 
-from _jobs import assert_same_results, dead_letters, embed_cmd, run, summary_line
-from _servers import need
+from helpers.engine_jobs import assert_same_results, dead_letters, embed_cmd, run, summary_line
+from helpers.engine_servers import need
 
 
 def test_embed_on_prism_equals_fn_api_runner(case, tiny_model, tmp_path):

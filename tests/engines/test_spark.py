@@ -4,7 +4,7 @@ threads), LOOPBACK Python workers, run through deploy/spark/launch.sh as a user 
 from __future__ import annotations
 
 import pytest
-from _jobs import (
+from helpers.engine_jobs import (
     assert_same_results,
     dead_letters,
     launch_cmd,
@@ -12,7 +12,7 @@ from _jobs import (
     run,
     summary_line,
 )
-from _servers import need, start_job_server
+from helpers.engine_servers import need, start_job_server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Call every jitted kernel of linstream.ops once and print, as one JSON line, what Numba compiled.
 
-    python tests/helpers/numba_workload.py
+    PYTHONPATH=tests python tests/helpers/numba_workload.py
 
 Run as a fresh process (the cross-process cache tests run it twice on one NUMBA_CACHE_DIR).
 "Compiled" is Numba's own evidence: its `numba:compile` event fires only when a dispatcher
@@ -18,7 +18,6 @@ and the float64 recurrent oracle.
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,8 +48,7 @@ from linstream.ops.model.fla import load_model  # noqa: E402
 from linstream.ops.model.kernels import NumbaOps  # noqa: E402
 from linstream.ops.numba_tools import only_version  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: tests/ on the path
-from helpers.fla_folders import TINY_CONFIGS, write_folder  # noqa: E402
+from helpers.fla_folders import TINY_CONFIGS, write_folder  # noqa: E402  (PYTHONPATH=tests)
 
 rng = np.random.default_rng(0)
 

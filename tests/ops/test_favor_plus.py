@@ -5,11 +5,10 @@ import json
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import BACKENDS
 from linstream.ops import causal_linear_attention, get_feature_map
 from linstream.ops.backend import cupy_available
 from linstream.ops.feature_maps import FavorPlus
-
-from .conftest import BACKENDS
 
 
 def softmax_causal(q, k, v):

@@ -75,7 +75,11 @@ _KERNEL_MODULES = {
 def _workload(cache_dir):
     proc = subprocess.run(
         [sys.executable, str(_WORKLOAD)],
-        env={**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)},
+        env={
+            **os.environ,
+            "NUMBA_CACHE_DIR": str(cache_dir),
+            "PYTHONPATH": str(_WORKLOAD.parents[1]),
+        },
         capture_output=True,
         text=True,
         timeout=900,

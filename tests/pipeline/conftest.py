@@ -1,14 +1,10 @@
-"""Pipeline test fixtures; helpers live in _beam_helpers.py (imported by name)."""
+"""Pipeline test fixtures; helpers live in tests/helpers/ (pipelines.py, cli.py, crash.py)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import linstream.pipeline.stage.cells as cells
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
 from helpers.fake_state import FakeKey
+from helpers.pipelines import run_transform
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.elements import ChunkResult
 from linstream.pipeline.io import read_results

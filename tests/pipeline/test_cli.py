@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from _cli_helpers import linstream, one_error_line, write_texts
+from helpers.cli import linstream, one_error_line, write_texts
 from linstream.pipeline.io import read_dead_letters, read_results
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -266,7 +266,7 @@ def test_a_cold_numba_cache_is_announced_before_the_first_kernel_call(tmp_path, 
     import signal
     import time
 
-    from _cli_helpers import start
+    from helpers.cli import start
 
     write_texts(tmp_path / "in", {"a.txt": "abc" * 50})
     proc = start(

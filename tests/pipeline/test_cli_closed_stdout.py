@@ -16,7 +16,7 @@ import os
 import subprocess
 
 import pytest
-from _cli_helpers import LINSTREAM
+from helpers.cli import LINSTREAM
 from helpers.store_faults import flip_bit, random_state
 from linstream.state import CheckpointStore
 

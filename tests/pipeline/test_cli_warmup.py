@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from _cli_helpers import linstream, write_texts
+from helpers.cli import linstream, write_texts
 
 pytestmark = [
     pytest.mark.e2e,  # whole jobs, subprocesses or servers: `make check` leaves it out

@@ -18,8 +18,8 @@ import os
 import subprocess
 
 import pytest
-from _cli_helpers import linstream
-from _crash import embed_cmd, judge, reference_files
+from helpers.cli import linstream
+from helpers.crash import embed_cmd, judge, reference_files
 from helpers.store_faults import flip_bit, reseal_manifest
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, write_chunk_file

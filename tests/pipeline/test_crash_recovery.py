@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from _crash import crash_and_resume, embed_cmd, judge, reference_files, result_rows
+from helpers.crash import crash_and_resume, embed_cmd, judge, reference_files, result_rows
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _crash import Stop, embed_cmd, judge, reference_files, run_until
+from helpers.crash import Stop, embed_cmd, judge, reference_files, run_until
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import read_dead_letters, write_chunk_file
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _cli_helpers import linstream, write_texts
+from helpers.cli import linstream, write_texts
 from linstream.pipeline import Resumable, embed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]

@@ -3,10 +3,10 @@
 The written embeddings equal fla's own hidden states (`--layer N` its `hidden_states[N]`, the
 default the final norm) on a model built and saved by fla itself, run on the CPU on its naive
 references (tests/helpers/fla_oracle.py).  Tolerance, derived from the dtype as in
-tests/ops/test_fla_oracle.py: the job computes in float32, so it must stay within 8 · e32 of
+tests/ops/fla/test_fla_oracle.py: the job computes in float32, so it must stay within 8 · e32 of
 fla in float64, e32 being fla's own float32 error on the same tokens (8: another summation
 order).  A job stopped by SIGKILL (or SIGINT) and resumed writes the same results, bit for bit,
-as one uninterrupted job (tests/pipeline/_crash.py judges the union of every job's files).
+as one uninterrupted job (tests/helpers/crash.py judges the union of every job's files).
 Refusals are one line and exit 2.
 """
 
@@ -18,8 +18,8 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from _cli_helpers import linstream, one_error_line, write_texts
-from _crash import crash_and_resume, embed_cmd, reference_files, result_rows
+from helpers.cli import linstream, one_error_line, write_texts
+from helpers.crash import crash_and_resume, embed_cmd, reference_files, result_rows
 from helpers.fla_folders import TINY_CONFIGS, random_weights, write_folder
 from linstream.pipeline import Chunk
 from linstream.pipeline.app.sample import sample_chunks

@@ -11,8 +11,8 @@ import os
 import subprocess
 
 import pytest
-from _cli_helpers import linstream
-from _crash import embed_cmd, judge, reference_files
+from helpers.cli import linstream
+from helpers.crash import embed_cmd, judge, reference_files
 from helpers.frozen import Frozen, fault_env, with_faults
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.io import write_chunk_file

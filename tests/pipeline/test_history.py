@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
-from _crash import judge, result_rows
+from helpers.crash import judge, result_rows
+from helpers.pipelines import run_transform
 from helpers.store_faults import flip_bit
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.state import CheckpointStore
@@ -57,7 +57,7 @@ def test_falling_back_past_a_corrupt_commit_rewrites_its_outputs_once(
 ):
     import subprocess
 
-    from _crash import embed_cmd
+    from helpers.crash import embed_cmd
     from linstream.pipeline.app.sample import sample_chunks
     from linstream.pipeline.io import write_chunk_file
 

@@ -8,9 +8,9 @@ import threading
 
 import numpy as np
 import pytest
-from _cli_helpers import linstream
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from helpers.cli import linstream
 from linstream.pipeline.app.job import run_embed
 from linstream.pipeline.app.local_runner import state_cache_for
 from linstream.pipeline.app.options import EmbedConfig

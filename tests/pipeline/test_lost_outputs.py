@@ -16,8 +16,8 @@ import os
 import subprocess
 
 import pytest
-from _cli_helpers import linstream
-from _crash import embed_cmd, judge, reference_files, result_rows
+from helpers.cli import linstream
+from helpers.crash import embed_cmd, judge, reference_files, result_rows
 from helpers.frozen import Frozen
 from helpers.store_faults import flip_bit
 from linstream.pipeline.app.sample import sample_chunks

@@ -5,9 +5,9 @@ from __future__ import annotations
 import fsspec
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
 from apache_beam.internal import pickler
 from helpers.models import write_tiny_model
+from helpers.pipelines import run_transform
 from linstream.ops import load_model
 from linstream.pipeline import Chunk, EmbedSequences
 from linstream.pipeline.stage.dofn import SequenceDoFn

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from _crash import commits_made, embed_cmd
+from helpers.crash import commits_made, embed_cmd
 from linstream.pipeline.app.sample import sample_chunks
 from linstream.pipeline.elements import ChunkResult
 from linstream.pipeline.io import read_results, write_chunk_file

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
+from helpers.pipelines import run_transform
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.app.demo import compare_results
 from linstream.pipeline.app.sample import sample_chunks

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _cli_helpers import linstream, one_error_line
-from _crash import crash_and_resume, embed_cmd, reference_files, result_rows
+from helpers.cli import linstream, one_error_line
+from helpers.crash import crash_and_resume, embed_cmd, reference_files, result_rows
 from linstream.ops import load_model
 from linstream.ops.model.config import ModelConfig
 from linstream.ops.model.weights import init_weights, write_model

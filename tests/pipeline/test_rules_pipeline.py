@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 import pytest
-from _rule_helpers import PER_TOKEN, reference
+from helpers.rules import PER_TOKEN, reference
 from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.io import read_results

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _rule_helpers import reference
+from helpers.rules import reference
 from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.stage.steps import BadInput, RawAttentionStep

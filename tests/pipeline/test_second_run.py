@@ -15,7 +15,7 @@ import shutil
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from _cli_helpers import linstream, one_error_line, write_texts
+from helpers.cli import linstream, one_error_line, write_texts
 from helpers.models import write_tiny_model
 from linstream.pipeline.io import read_dead_letters, read_results
 

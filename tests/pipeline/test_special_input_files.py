@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from _cli_helpers import linstream
+from helpers.cli import linstream
 from linstream.pipeline import Chunk
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
 

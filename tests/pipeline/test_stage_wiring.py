@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
+from helpers.pipelines import run_transform
 from helpers.stage_runs import run_stage
 from linstream.pipeline import CausalLinearAttention, Chunk
 from linstream.pipeline.io import read_results

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _cli_helpers import linstream, start
+from helpers.cli import linstream, start
 
 pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _beam_helpers import run_transform
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
+from helpers.pipelines import run_transform
 from linstream.ops import get_feature_map
 from linstream.ops.additive.naive import causal_recurrent
 from linstream.pipeline import CausalLinearAttention, Chunk

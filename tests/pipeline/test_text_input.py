@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _beam_helpers import _Dump, load_dumped
-from _cli_helpers import write_texts
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_stream
+from helpers.cli import write_texts
 from helpers.models import write_tiny_model
+from helpers.pipelines import _Dump, load_dumped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from linstream.pipeline import Chunk, ToChunks

@@ -3,7 +3,7 @@ and twice give what calling the model chunk by chunk gives, bit for bit, also wh
 resumes every sequence from its format-3 checkpoint (the short convolutions' tails and RetNet's
 position restored); another model's checkpoint is refused; `layer` picks a hidden state; the
 step ships the folder's path, never the weights.  Folders: tests/helpers/fla_folders.py (random
-weights, no torch); fla's own forward is the oracle in tests/ops/test_fla_oracle.py and
+weights, no torch); fla's own forward is the oracle in tests/ops/fla/test_fla_oracle.py and
 tests/pipeline/test_fla_cli.py."""
 
 from __future__ import annotations

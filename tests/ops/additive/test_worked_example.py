@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import BACKENDS
 from linstream.ops import causal_linear_attention
 from linstream.ops.additive.naive import causal_quadratic, causal_recurrent
-
-from .conftest import BACKENDS
 
 KEYS = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])[:, None, :]
 VALUES = np.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0]])[:, None, :]

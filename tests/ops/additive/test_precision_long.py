@@ -1,6 +1,7 @@
 """Precision over an unbounded sequence: 2^25 tokens of one head against a float64 oracle.
 
-Slow (a minute or more): `make slow` or `pytest -m slow -s tests/ops/test_precision_long.py`.
+Slow (a minute or more): `make slow` or
+`pytest -m slow -s tests/ops/additive/test_precision_long.py`.
 The sequence is fed in segments of 2^20 tokens with the state carried, as a stream would be.
 The oracle is `linstream.ops.additive.naive_numba.recurrent_float64` (token by token, all float64).
 Inputs: q ~ N(0, 0.5²), k ~ N(0, 0.1²) so that φ(k) = elu(k)+1 ≈ 1 and z grows by ≈1 per

@@ -4,11 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import BACKENDS, make_qkv, rel_error, token_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from linstream.ops import causal_linear_attention
-
-from .conftest import BACKENDS, make_qkv, rel_error, token_error
 
 CASES = [
     (np.float64, np.float64, 1e-11),

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from linstream.ops.additive.naive import rule_recurrent
 
-RULES_DOC = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+RULES_DOC = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
 
 
 def test_the_rules_example_runs_and_matches_one_call():

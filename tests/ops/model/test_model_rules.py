@@ -293,7 +293,7 @@ def test_the_docs_per_layer_rules_example_runs_and_equals_one_pass():
     import re
     from pathlib import Path
 
-    doc = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+    doc = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
     blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
     block = next(b for b in blocks if "rules=[" in b and "embed_chunk" in b)
     scope: dict = {}

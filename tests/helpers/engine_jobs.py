@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _servers import ROOT, Server
+
+from helpers.engine_servers import ROOT, Server
 
 LINSTREAM_BIN = os.path.join(os.path.dirname(sys.executable), "linstream")
 LINSTREAM = LINSTREAM_BIN if os.path.exists(LINSTREAM_BIN) else shutil.which("linstream") or ""

@@ -3,10 +3,9 @@ its paths (heads in parallel, heads on the calling thread), against the float64 
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import make_qkv, rel_error, token_error
 from linstream.ops import causal_linear_attention, numba_tools
 from linstream.ops.additive.naive import causal_quadratic
-
-from .conftest import make_qkv, rel_error, token_error
 
 # (d_k, d_v): square widths, both orders of d_k ≠ d_v, and a d_v that is not a multiple of the
 # four rows the kernel updates at once (its remainder loop)

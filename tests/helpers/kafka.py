@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
-from _servers import Server, free_port, start_server
+
+from helpers.engine_servers import Server, free_port, start_server
 
 BROKER_PROPERTIES = """\
 process.roles=broker,controller

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU check of linstream's CuPy backend: correctness, then throughput against its rivals.
 
-    python tests/bench/gpu_check.py          (or `make gpu-check`; well under 5 min on an H100/H200)
+    python tests/gpu/gpu_check.py          (or `make gpu-check`; well under 5 min on an H100/H200)
 
 1. Correctness: `cupy_causal` against the float64 oracle over random chunk splits (the seeds are
    printed), float32 / bfloat16 / float64 inputs, several feature maps and chunk sizes; then one
@@ -23,7 +23,7 @@ numpy): fetch fla's ops as a wheel here, carry it, install it there into a scrat
         --implementation cp --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0
     # there: run(command=..., carry=[".whl"], timeout_s=420)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 tests/bench/gpu_check.py
+        && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py
 
 linstream needs no install there: this script exposes the source tree as `linstream.*`.
 """

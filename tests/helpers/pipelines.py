@@ -9,8 +9,9 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-from helpers.stage_runs import Run
 from linstream.pipeline.elements import ChunkResultCoder, DeadLetterCoder
+
+from helpers.stage_runs import Run
 
 
 class _Dump(beam.DoFn):

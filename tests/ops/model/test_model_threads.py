@@ -80,7 +80,7 @@ def test_embeddings_do_not_depend_on_the_thread_layout(model, monkeypatch):
         whole[threads] = model.embed_chunk(x, None, backend="numba")
     # Row ranges change the products' shapes, and BLAS may round a product of other shapes
     # differently: each layout is within the float32 runtime's 2e-5 per token of the exact
-    # model (tests/ops/test_model_torch.py), so two layouts are within twice that.
+    # model (tests/ops/model/test_model_torch.py), so two layouts are within twice that.
     for threads in (2, 4):
         e, ref = whole[threads][0], whole[1][0]
         err = np.linalg.norm(e - ref, axis=1) / np.linalg.norm(ref, axis=1)

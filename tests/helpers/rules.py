@@ -1,6 +1,6 @@
 """The float64 reference of a whole sequence under an update rule, and its derived tolerance.
 
-Tolerance (derived as in tests/ops/test_rules_splits.py): an output is a sum of at most
+Tolerance (derived as in tests/ops/rules/test_rules_splits.py): an output is a sum of at most
 n = F + C + (kernel chunks) products, each rounding by the compute dtype's unit roundoff u_c
 (float32 inputs in these tests) relative to the magnitude M of its terms, plus the float64
 state's u_s for the carried sums, so |Δy| ≤ 4·n·(u_c + u_s)·M, with M = max(|y_ref|, |S_ref|,

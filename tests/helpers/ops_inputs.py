@@ -1,4 +1,4 @@
-"""Shared helpers for the ops tests: backends that can run here, inputs, error measures."""
+"""What the ops tests share: the backends that can run here, q/k/v inputs, per-token errors."""
 
 from __future__ import annotations
 

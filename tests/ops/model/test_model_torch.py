@@ -28,7 +28,7 @@ from linstream.ops.model.runtime import EmbeddingModel  # noqa: E402
 from linstream.ops.model.twin import TorchEmbeddingModel, TorchFeatureMap  # noqa: E402
 from linstream.ops.model.weights import weight_specs  # noqa: E402
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,9 +2,8 @@
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import BACKENDS, make_qkv
 from linstream.ops import AttentionState, causal_linear_attention, linear_attention
-
-from .conftest import BACKENDS, make_qkv
 
 
 def _qkv(t=5, h=2, dk=3, dv=4, dtype=np.float64):

@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers.ops_inputs import BACKENDS, make_qkv, rel_error, token_error
 from linstream.ops import AttentionState, causal_linear_attention, linear_attention
 from linstream.ops.additive.naive import causal_quadratic, causal_recurrent, noncausal_quadratic
-
-from .conftest import BACKENDS, make_qkv, rel_error, token_error
 
 FEATURE_MAPS = ["elu+1", "relu", "identity", {"name": "favor+", "num_features": 12, "seed": 3}]
 FM_IDS = ["elu1", "relu", "identity", "favor12"]

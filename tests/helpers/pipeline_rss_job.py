@@ -2,7 +2,7 @@
 
 The chunks are made lazily inside the stage from a per-chunk seed: only (seq id, chunk index,
 seed) elements cross the runner's shuffle, so what grows with N is what the stage keeps, not
-an input file.  Usage: python _pipeline_rss_job.py TOKENS CHUNK_SIZE BACKEND
+an input file.  Usage: python tests/helpers/pipeline_rss_job.py TOKENS CHUNK_SIZE BACKEND
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from linstream.ops import backend
 from linstream.ops.attention_state import AttentionState
 from linstream.ops.backend import BackendUnavailableError, resolve_backend
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NO_GPU = "cupy is installed but sees no usable CUDA device (cupy.is_available() is False)"
 
 
@@ -128,7 +128,7 @@ def test_cupy_entry_points_raise_without_a_device():
 def test_gpu_check_exits_cleanly_without_a_device(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "bench" / "gpu_check.py")],
+        [sys.executable, str(ROOT / "tests" / "gpu" / "gpu_check.py")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,7 +145,7 @@ def test_gpu_check_logic_runs_on_the_cpu_in_its_dry_run(tmp_path):
     """The script's own code (correctness loop, rivals, table, JSON) with NumPy for CuPy."""
     env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_CPU_DRYRUN": "1", "GPU_CHECK_SEED": "7"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "bench" / "gpu_check.py")],
+        [sys.executable, str(ROOT / "tests" / "gpu" / "gpu_check.py")],
         capture_output=True,
         text=True,
         timeout=300,

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from helpers.outputs import Verdict, judge, result_rows
 
 __all__ = [

@@ -1,8 +1,8 @@
 """Precision of every rule over a long stream: 2^24 tokens of one head against a float64 oracle.
 
-Slow (minutes): `pytest -m slow -s tests/ops/test_rules_long.py`.  The stream is fed in segments
-of 2^20 tokens with the state carried, as a job would.  The oracle is a token-by-token float64
-recurrence compiled here (independent of the chunk kernels).  Inputs as in
+Slow (minutes): `pytest -m slow -s tests/ops/rules/test_rules_long.py`.  The stream is fed
+in segments of 2^20 tokens with the state carried, as a job would.  The oracle is a token-by-token
+float64 recurrence compiled here (independent of the chunk kernels).  Inputs as in
 test_precision_long.py: q ~ N(0, 0.5²), k ~ N(0, 0.1²) (φ(k) = elu(k)+1 ≈ 1, so the additive z
 would grow by ≈1 per token), v ~ 1 + N(0, 0.5²); float32 inputs, d_k = d_v = 16, C = 64.
 Gates: decay γ = 0.999; gated and gated_delta log α ~ -U(0.0002, 0.002) (windows of ~1000 tokens);
