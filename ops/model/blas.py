@@ -108,7 +108,8 @@ def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
     With more than one thread, BLAS is held at one thread for every chunk size, and chunks of
     at least 2 × model_threads.MIN_ROWS tokens split their rows across the runtime's own
     threads, as many as BLAS has (the caller runs what no helper took, so a busy core costs
-    time, never a stall).  Measured on the shared 2-vCPU machine (tests/bench/RESULTS-model.md):
+    time, never a stall).  Measured on the shared 2-vCPU machine
+    (docs/benchmarks.md#the-thread-layout-on-2-threads):
     BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the
     second core was busy (a statically partitioned pool waits for its slowest thread); on a
     quiet machine one thread alone reached only 1.94x the twin's two threads at 256 tokens.
