@@ -357,10 +357,11 @@ def _streamed(model, ids):
 def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_path, monkeypatch):
     """A product over some rows is not bit-equal to the same rows of a product over all of them
     (BLAS treats a block's tail rows, and each of its threads' shares, differently), so the
-    runtime holds BLAS at one thread and cuts a long chunk's rows into ranges fixed by its
-    length alone: the outputs and states are the same bits on 1, 2 or 3 threads (the process's
-    BLAS threads, as OPENBLAS_NUM_THREADS sets them in a second process), and when the caller
-    runs every range itself in another order (a helper that never gets a core)."""
+    runtime holds BLAS at one thread (NumPy's, and SciPy's, which the Numba kernels call) and
+    cuts a long chunk's rows into ranges fixed by its length alone: the outputs and states are
+    the same bits on 1, 2 or 3 threads, in a second process with OPENBLAS_NUM_THREADS=1, and
+    when the caller runs every range itself in another order (a helper that never gets a
+    core)."""
     from linstream.ops.model import blas
     from linstream.ops.model.fla import runtime
 
@@ -370,8 +371,12 @@ def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_p
         for r in reversed(row_ranges(t)):
             fn(r)
 
-    families = ["gla", "delta_net", "retnet"]
-    folders = [write_folder(tmp_path / f, TINY_CONFIGS[f]) for f in families]
+    configs = {f: TINY_CONFIGS[f] for f in ("gla", "delta_net", "retnet")}
+    # one head of 128 × 256: the kernels' own products (Numba's np.dot, SciPy's BLAS) are then
+    # large enough for BLAS to run them on its threads (over 2^18 multiply-adds)
+    configs["gla_wide"] = {**TINY_CONFIGS["gla"], "hidden_size": 256, "num_heads": 1}
+    families = list(configs)
+    folders = [write_folder(tmp_path / f, configs[f]) for f in families]
     ids = np.random.default_rng(5).integers(0, 50, _CUTS[-1])
     script = _THREADS_SCRIPT.format(end=_CUTS[-1], cuts=_CUTS)
     args = [a for f, d in zip(families, folders, strict=True) for a in (d, tmp_path / f"{f}.npz")]
