@@ -14,7 +14,9 @@ unless the given states are float32.  `compute_dtype=np.float64` runs everything
 (tests compare that mode with the PyTorch twin to ~1e-12).  On the default numba backend in
 float32 the steps between the products are fused Numba passes (`model_kernels`), a token
 model's first projection is a lookup per token id (`_Weights.with_qkv0`), BLAS runs on one
-thread, and chunks of 256 tokens or more split their rows across threads (`model_threads`).
+thread, and chunks of 256 tokens or more split their rows into ranges fixed by the chunk's
+length, run on the process's threads (`model_threads`; on every host path, so the bits do not
+depend on the thread count).
 
 One forward for every device: `model_layers.forward_chunk` (the layers, their update rules and
 fused projections) is written against an array namespace `xp`.  On the host (backend "numpy"
@@ -53,7 +55,7 @@ from linstream.ops.feature_maps import get_feature_map
 from linstream.ops.rules.exact_eps import needs_exact_eps
 
 from . import layers as model_layers
-from .blas import _blas_threads_for, _thread_layout
+from .blas import _thread_layout
 from .config import ModelConfig
 from .device import (
     _cupy_device,
@@ -398,21 +400,20 @@ class EmbeddingModel:
             be = "numba" if rule else name
             return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
 
+        ops = None
         if name == "numba" and self.compute_dtype == np.float32:
             # fused Numba passes for the norms, residual adds and activation
             from .kernels import NumbaOps
 
             ops = NumbaOps(self.config.norm_eps)
-            blas, split = _thread_layout()
-            with blas:
-                return model_layers.forward_chunk(
-                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
-                    split=split,
-                )  # fmt: skip
-        with _blas_threads_for(int(x_in.shape[0])):
+        # BLAS at one thread, a long chunk's rows in ranges fixed by its length: the same bits
+        # whatever the thread count (`blas._thread_layout`)
+        blas, split = _thread_layout()
+        with blas:
             return model_layers.forward_chunk(
-                np, self._host, x_in, st, config=self.config, attend=attend
-            )
+                np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
+                split=split,
+            )  # fmt: skip
 
     def _resolve_backend(self, backend: str) -> str:
         """The backend name for this model: "auto" keeps a model with rule layers on the host."""

@@ -176,7 +176,7 @@ def projection_conditioning_bound(rt64, x, ref):
         return out
 
     def moving(target, sign):
-        def forward(xp, w, x_in, states, *, config, attend, activate=None):
+        def forward(xp, w, x_in, states, *, config, attend, **rest):
             layers = iter(range(config.n_layers))
 
             def att(q, k, v, s, rule):
@@ -190,7 +190,7 @@ def projection_conditioning_bound(rt64, x, ref):
                     (q if which == 0 else k)[:, h, f] += sign * e
                 return attend(q, k, v, s, rule)
 
-            return real_forward(xp, w, x_in, states, config=config, attend=att, activate=activate)
+            return real_forward(xp, w, x_in, states, config=config, attend=att, **rest)
 
         return forward
 
