@@ -82,7 +82,8 @@ def _numpy_as_cupy() -> Any:
         Device=lambda *a: device,
         runtime=types.SimpleNamespace(getDeviceProperties=lambda i: props),
     )
-    cupy_backend.xp_cupy = lambda: shim  # type: ignore[assignment]
+    launcher = types.SimpleNamespace(xp=shim, to_host=np.asarray)
+    cupy_backend.cupy_launcher = lambda: launcher  # type: ignore[assignment]
     cupy_backend._cupy_kernels = lambda: cupy_backend.NumpyKernels(np)  # type: ignore[assignment]
     return shim
 
