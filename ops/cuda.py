@@ -98,8 +98,9 @@ class CupyLauncher:
 
     @functools.cache  # noqa: B019
     def max_shared_bytes(self) -> int:
-        dev = self.xp.cuda.Device()
-        return int(dev.attributes["MaxSharedMemoryPerBlockOptin"])
+        rt = self.xp.cuda.runtime
+        attr = rt.cudaDevAttrMaxSharedMemoryPerBlockOptin
+        return int(rt.deviceGetAttribute(attr, self.xp.cuda.Device().id))
 
     def to_host(self, a: Any) -> np.ndarray:
         return np.asarray(self.xp.asnumpy(a))

@@ -26,7 +26,7 @@ from linstream.ops.cuda import (
     set_shared_bytes,
     state_dtype,
 )
-from linstream.ops.decay.numba import LOG_GATE_FLOOR
+from linstream.ops.decay.constants import LOG_GATE_FLOOR
 
 from . import cupy_kernels as ck
 

@@ -29,13 +29,13 @@ wrapper makes before the launch and written back by the block of tile 0 at its e
 Shared memory, `decay_shared_bytes` (each array rounded up to 16 bytes): g [C] float64,
 z [F] state_t, q, k [C, F], v [C, VALUE_TILE + 1], state [F, VALUE_TILE + 1], nd
 [C, VALUE_TILE + 1], A [C, C], two factors [C] in real_t, and an int.  At C = 64, F = 64,
-float32: 67 KiB (above the 48 KiB default, so the wrapper opts in).
+float32: 62 KiB (above the 48 KiB default, so the wrapper opts in).
 """
 
 from __future__ import annotations
 
 from linstream.ops.cuda import IN_TYPES, REAL_TYPES
-from linstream.ops.decay.numba import ERASING_GATE, LOG_GATE_FLOOR
+from linstream.ops.decay.constants import ERASING_GATE, LOG_GATE_FLOOR
 
 __all__ = [
     "NT",

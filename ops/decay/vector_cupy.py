@@ -25,7 +25,7 @@ from linstream.ops.cuda import (
     set_shared_bytes,
     state_dtype,
 )
-from linstream.ops.decay.vector_numba import DEFAULT_VECTOR_CHUNK
+from linstream.ops.decay.constants import DEFAULT_VECTOR_CHUNK
 
 from . import cupy_kernels as ck
 from . import vector_cupy_kernels as vk

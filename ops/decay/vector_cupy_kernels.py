@@ -17,7 +17,7 @@ floored gates after the chunk's first token (la0_p, the first token's, kept out 
 
 Shared memory, `vector_shared_bytes` (each array rounded up to 16 bytes): G [C, F] and la0 [F]
 float64, q, k [C, F], v [C, VALUE_TILE], state [F, VALUE_TILE], A [C, C] in real_t, an int.  At
-C = 32, F = 64, float32: 45 KiB; at C = 64: 97 KiB.
+C = 32, F = 64, float32: 43 KiB; at C = 64: 89 KiB.
 """
 
 from __future__ import annotations

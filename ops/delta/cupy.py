@@ -25,7 +25,7 @@ from linstream.ops.cuda import (
     state_dtype,
 )
 from linstream.ops.decay import cupy_kernels as common
-from linstream.ops.decay.numba import LOG_GATE_FLOOR
+from linstream.ops.decay.constants import LOG_GATE_FLOOR
 
 from . import cupy_kernels as dk
 

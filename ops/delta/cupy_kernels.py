@@ -26,7 +26,7 @@ walking its chunks in order.  Per chunk of n ≤ C tokens:
 
 Shared memory, `delta_shared_bytes` (each array rounded up to 16 bytes): g [C] float64; q, k
 [C, F]; V/R, U [C, VALUE_TILE]; state [F, VALUE_TILE]; L/A, T [C, C]; four factors [C] in real_t;
-an int.  At C = 64, F = 64, float32: 78 KiB; at F = 128: 110 KiB.
+an int.  At C = 64, F = 64, float32: 78 KiB; at F = 128: 114 KiB.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // cuda_emu.h: CUDA kernel sources compiled as C++20 and run on the CPU, every thread of a block
-// a fiber (ucontext), every block of the grid in turn (tests only; see cuda_emu.py).
+// a fiber, every block of the grid in turn (tests only; see cuda_emu.py).
 //
 // What it defines: threadIdx / blockIdx / blockDim / gridDim, __global__ / __device__ /
 // __forceinline__ / __launch_bounds__ / __restrict__ / __align__, dynamic shared memory
@@ -8,23 +8,24 @@
 // the C library's (expf, exp, isfinite, ...), which agree with CUDA's to a few ulp.
 //
 // How a launch runs: its blocks one after the other, in the schedule's order (forward, reverse,
-// or a seeded shuffle), and in each block its threads as fibers on one OS thread.  Each runs, in the launch's
-// schedule order (forward, reverse, or a seeded shuffle, drawn anew at every barrier), until its
-// next __syncthreads() or its end; then the next one runs.  So the code between two barriers runs
-// thread after thread, never interleaved: with forward and reverse orders, every pair of threads
-// runs in both orders, and a read that lacks a barrier after another thread's write sees the old
-// value under one of them.  A barrier that some threads reach while others have exited, or
-// threads that wait at different barriers, stop the launch with an error (undefined behaviour in
-// CUDA).  Dynamic shared memory is filled with 0xFF bytes (NaN as float or double) before each
-// block, and the bytes past the launch's `shared_mem` are a guard: a kernel that writes there
-// fails the launch; one that reads there reads NaN.
+// or a seeded shuffle), so that a block reading what another writes sees an order CUDA does not
+// promise; in each block, its threads as fibers on one OS thread.  Each fiber runs until its
+// next __syncthreads() or its end, then the next one runs, in the schedule's order again (a
+// shuffle is drawn anew at every barrier).  So the code between two barriers runs thread after
+// thread, never interleaved: with forward and reverse orders every pair of threads runs in both
+// orders, and a read that lacks a barrier after another thread's write sees the old value under
+// one of them.  A barrier that some threads reach while others have exited, or threads waiting
+// at different barriers, stop the launch with an error (undefined behaviour in CUDA).  Dynamic
+// shared memory is filled with 0xFF bytes (NaN as float or double) before each block, and the
+// bytes past the launch's `shared_mem` are a guard: a kernel that writes there fails the launch;
+// one that reads there reads NaN.
 //
 // What it cannot show: anything about warps (no lockstep, no warp-synchronous code, no
 // divergence cost), timing, memory coalescing or bank conflicts, register pressure, and races
 // inside one barrier interval that need two threads to interleave mid-statement (read-modify-
-// write of one location by two threads without an atomic runs correctly here).  Warp shuffles,
-// static __shared__ arrays and float atomics are not provided: a source using them does not
-// compile here.
+// write of one location by two threads without an atomic runs correctly here), or between
+// blocks running at the same time.  Warp shuffles, static __shared__ arrays and float atomics
+// are not provided: a source using them does not build here.
 #pragma once
 
 // Few and C headers only: the whole build is a second or two, most of it these.
@@ -244,7 +245,8 @@ inline bool run_block(int schedule, unsigned long long block_no) {
     }
 }
 
-// The kernel's parameter types as codes ("*f" float*, "q" long long, ...), for cuda_emu.py.
+// The kernel's parameter types as codes ("*f" const float*, "*fw" float*, "q" long long, ...),
+// for cuda_emu.py.
 template <class T>
 constexpr char scalar_code() {
     using U = std::remove_cv_t<T>;
@@ -266,6 +268,7 @@ void append_code(char* s) {
     if constexpr (std::is_pointer_v<T>) {
         s[n++] = '*';
         s[n++] = scalar_code<std::remove_pointer_t<T>>();
+        if (!std::is_const_v<std::remove_pointer_t<T>>) s[n++] = 'w';  // the kernel may write
     } else {
         s[n++] = scalar_code<T>();
     }
@@ -274,7 +277,7 @@ void append_code(char* s) {
 
 template <class... A>
 const char* signature(void (*)(A...)) {
-    static char s[4 * sizeof...(A) + 1];
+    static char s[5 * sizeof...(A) + 1];
     if (!s[0]) (append_code<A>(s), ...);
     return s;
 }

@@ -27,15 +27,16 @@ from typing import Any
 import numpy as np
 from linstream.ops.attention_state import AttentionState
 from linstream.ops.cuda import Bfloat16Bits
+from linstream.ops.decay.naive import gated_recurrent
 from linstream.ops.decay.vector_naive import vector_gated_recurrent
-from linstream.ops.feature_maps import get_feature_map
-from linstream.ops.rules import gated_delta_recurrent, gated_recurrent
-from linstream.ops.rules.gather import heads
+from linstream.ops.delta.naive import gated_delta_recurrent, unit_keys
+from linstream.ops.feature_maps import FeatureMap, get_feature_map
 
 from helpers.bf16 import bf16_round
 
-__all__ = ["KERNEL_OF", "RULES", "Case", "check_emulated", "error", "make_case", "reference",
-           "run_split", "tolerance"]  # fmt: skip
+__all__ = ["KERNEL_OF", "RULES", "Case", "call_kernel", "check_emulated", "error", "heads",
+           "initial_state", "kernel_inputs", "make_case", "reference", "run_split",
+           "tolerance"]  # fmt: skip
 
 # rule -> the kernel it runs ("decay" and "gated" share one, so do the delta rules)
 KERNEL_OF = {
@@ -122,7 +123,23 @@ def _head_major(x: np.ndarray, cdt: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x).transpose(1, 0, 2), dtype=cdt)
 
 
-def _inputs(case: Case, a: int, b: int, cdt: Any, form: str) -> dict[str, Any]:
+def heads(
+    x: np.ndarray, fm: FeatureMap | None, cdt: Any, *, unit: bool = False, ones: bool = False
+) -> np.ndarray:
+    """φ(x) [T, H, D] as [H, T, D (+1)] in cdt, as ops/rules/gather.py's `heads` makes it (in
+    NumPy here: the helper runs where Numba is not installed, the device machine): φ applied
+    in cdt, rows L2-normalized in float64 with `unit`, a ones column with `ones`."""
+    y = np.asarray(x, dtype=cdt)
+    if fm is not None:
+        y = np.asarray(fm(y), dtype=cdt)
+    if unit:
+        y = unit_keys(y).astype(cdt)
+    if ones:
+        y = np.concatenate([y, np.ones((*y.shape[:2], 1), dtype=cdt)], axis=-1)
+    return _head_major(y, cdt)
+
+
+def kernel_inputs(case: Case, a: int, b: int, cdt: Any, form: str = "plain") -> dict[str, Any]:
     """The kernel's arguments for tokens a..b (the state excluded).  form: "plain" (cdt),
     "bf16-bits" (the head-major inputs rounded to bfloat16, as Bfloat16Bits), "bf16-values"
     (the same rounded values as float32)."""
@@ -169,6 +186,30 @@ def _kernel(impl: str, family: str) -> Any:
     return getattr(mods[family], family)
 
 
+def initial_state(case: Case, sdt: Any) -> np.ndarray:
+    """The state array the kernel carries: S, with z as a last column for the decaying rules."""
+    if case.family == "decay_chunks":
+        return np.concatenate([case.s0, case.z0[..., None]], axis=-1).astype(sdt)
+    return case.s0.astype(sdt)
+
+
+def call_kernel(
+    case: Case, x: dict[str, Any], state: Any, *, impl: str, c: int, launcher: Any = None
+) -> Any:
+    """One call of `impl`'s kernel ("numba", or "cupy" with `launcher`, None for the current
+    device) on `kernel_inputs` x, updating `state` in place; returns out [H, T, d_v]."""
+    fn = _kernel(impl, case.family)
+    kw: dict[str, Any] = {"chunk_size": c}
+    if impl == "cupy":
+        kw["launcher"] = launcher
+    if case.family == "decay_chunks":
+        return fn(x["qh"], x["kh"], x["vh"], state, x["log_gate"], x["eps_t"],
+                  normalize=case.normalize, **kw)  # fmt: skip
+    if case.family == "delta_chunks":
+        return fn(x["qh"], x["kh"], x["vh"], state, x["log_gate"], x["beta"], **kw)
+    return fn(x["qh"], x["kh"], x["vh"], x["gh"], state, **kw)
+
+
 def run_split(
     case: Case,
     bounds: list[int],
@@ -182,26 +223,13 @@ def run_split(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out [T, H, d_v] float64, S, z in sdt) of `impl` ("numba", or "cupy" with `launcher`, None
     for the current device) called once per piece of `bounds`, the state carried in place."""
-    fn = _kernel(impl, case.family)
-    kw: dict[str, Any] = {"chunk_size": c}
-    if impl == "cupy":
-        kw["launcher"] = launcher
-    if case.family == "decay_chunks":
-        state = np.concatenate([case.s0, case.z0[..., None]], axis=-1).astype(sdt)
-        kw["normalize"] = case.normalize
-    else:
-        state = case.s0.astype(sdt)
+    state = initial_state(case, sdt)
     outs = []
     for a, b in itertools.pairwise(bounds):
         if b == a:
             continue
-        x = _inputs(case, a, b, cdt, form)
-        if case.family == "decay_chunks":
-            out = fn(x["qh"], x["kh"], x["vh"], state, x["log_gate"], x["eps_t"], **kw)
-        elif case.family == "delta_chunks":
-            out = fn(x["qh"], x["kh"], x["vh"], state, x["log_gate"], x["beta"], **kw)
-        else:
-            out = fn(x["qh"], x["kh"], x["vh"], x["gh"], state, **kw)
+        x = kernel_inputs(case, a, b, cdt, form)
+        out = call_kernel(case, x, state, impl=impl, c=c, launcher=launcher)
         outs.append(np.asarray(out, dtype=np.float64).transpose(1, 0, 2))
     if case.family == "decay_chunks":
         return np.concatenate(outs), state[..., :-1], state[..., -1]

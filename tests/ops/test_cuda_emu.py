@@ -92,8 +92,8 @@ def test_arguments_are_checked_against_the_kernel_signature():
         ((x, y, np.int32(128), np.int32(0)), "argument 2: expected a NumPy int64 scalar"),
         ((x.astype(np.float64), y, np.int64(128), np.int32(0)), "a float64 array for a float32"),
         ((np.zeros((128, 2), np.float32)[:, 0], y, np.int64(128), np.int32(0)), "non-contiguous"),
-        ((x, x, np.int64(128), np.int32(0)), "arguments 0 and 1 overlap in memory"),
-        ((x, y, np.int64(128)), r"3 arguments for parameters \['\*f', '\*f', 'q', 'i'\]"),
+        ((x, x, np.int64(128), np.int32(0)), "arguments 0 and 1 overlap in memory and the kernel"),
+        ((x, y, np.int64(128)), r"3 arguments for parameters \['\*f', '\*fw', 'q', 'i'\]"),
     ]
     for args, said in cases:
         with pytest.raises(EmuError, match=said):
