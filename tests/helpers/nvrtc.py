@@ -67,13 +67,14 @@ class CompileResult:
 def compile_cuda(source: str, name: str, arch: str = "sm_90") -> CompileResult:
     """Compile `source` for `arch` (machine code, so that ptxas reports); AssertionError with
     NVRTC's log when it does not compile.  A source that compiled before (same text, options
-    and NVRTC version) is not compiled again: its log is kept in
-    `~/.cache/linstream/nvrtc/` (a few seconds per source otherwise)."""
+    and NVRTC version) is not compiled again: its log is kept in `$LINSTREAM_NVRTC_CACHE`
+    (default `~/.cache/linstream/nvrtc/`; a few seconds per source otherwise)."""
     nvrtc = _nvrtc()
     options = [f"-arch={arch}", "--ptxas-options=-v"]
     version = ".".join(str(x) for x in nvrtc.getVersion())
     key = hashlib.sha256("\0".join([source, *options, version]).encode()).hexdigest()[:24]
-    cached = Path.home() / ".cache" / "linstream" / "nvrtc" / f"{key}.log"
+    default = Path.home() / ".cache" / "linstream" / "nvrtc"
+    cached = Path(os.environ.get("LINSTREAM_NVRTC_CACHE", default)) / f"{key}.log"
     if cached.exists():
         return CompileResult(name, arch, cached.read_text())
     prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
