@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GPU check of linstream's CUDA kernels: correctness, then throughput against their rivals.
 
-    python tests/gpu/gpu_check.py          (or `make gpu-check`; about 6 minutes on an H200,
-                                            stopped at 7 by its own time budget)
+    python tests/gpu/gpu_check.py          (or `make gpu-check`; not yet run on a device: its
+                                            own budget skips the last throughput rows past 7 min)
 
 1. Correctness of the additive CuPy backend: `cupy_causal` against the float64 oracle over random
    chunk splits (the seeds are printed), float32 / bfloat16 / float64 inputs, several feature maps
