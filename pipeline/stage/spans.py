@@ -63,7 +63,7 @@ from .span_names import (
 from .span_rows import RowsDigest, concat, parquet_bytes, spans_table
 
 if TYPE_CHECKING:  # Beam is not imported here: `linstream checkpoint verify` uses `span_check`
-    from linstream.pipeline.elements import ChunkResult
+    from linstream.pipeline.values import ChunkResult
 
 __all__ = ["GROUP_BYTES", "RESULTS_DIR", "SpanWriter", "Staged", "span_check", "spans_table"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from linstream.ops import AttentionState, causal_linear_attention, get_feature_map
 from linstream.ops.model.protocol import StreamingModel, UnknownTokenError
-from linstream.pipeline.elements import Unencodable
+from linstream.pipeline.values import Unencodable
 from linstream.state import CheckpointError, ModelMismatchError, SequenceState
 
 from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
