@@ -37,16 +37,24 @@ class _Count:
 
 
 class _Spread:
+    """A distribution as Beam keeps one: count, sum, min and max (memory bounded)."""
+
     def __init__(self) -> None:
-        self.values: list[int] = []
+        self.count = self.sum = 0
+        self.min: int | None = None
+        self.max: int | None = None
 
     def update(self, value: int) -> None:
-        self.values.append(int(value))
+        v = int(value)
+        self.count, self.sum = self.count + 1, self.sum + v
+        self.min = v if self.min is None else min(self.min, v)
+        self.max = v if self.max is None else max(self.max, v)
 
 
 class MemoryMetrics:
     """A `MetricSource` that keeps its counts: ``counts`` as a runner's query reports them
-    (counters that were never incremented are absent), ``distributions`` their values."""
+    (counters that were never incremented are absent), ``distributions`` as Beam's (count,
+    sum, min, max)."""
 
     def __init__(self) -> None:
         self._counters: dict[str, _Count] = {}

@@ -456,4 +456,23 @@ class SequenceStage:
         view.outsum = np.ascontiguousarray(total, "<f8").tobytes()
         if not final:
             return None
-        return ChunkResult(st.seq_id, result.index, 0, (total / st.position).astype(np.float32))
+        return _mean(st.seq_id, result.index, total, st.position)
+
+    def finished_output(self, seq_id: str, cells: StateCells) -> ChunkResult | None:
+        """With emit="sequence", the result of a sequence that its checkpoint holds finished
+        (restored when one of its chunks arrived, every chunk a duplicate): its mean, from
+        the running sum the commit carries.  None for any other sequence (the one-line API
+        returns every finished sequence's vector; a job emits it once, when it finishes)."""
+        view = Cells(cells)
+        meta, raw = view.meta, view.state_raw
+        if self.config.emit != "sequence" or meta.final_index < 0 or raw is None or not view.outsum:
+            return None
+        st = unpack_state(raw, expected_fingerprint=self.step.fingerprint)
+        if st.next_chunk <= meta.final_index:
+            return None
+        return _mean(seq_id, meta.final_index, np.frombuffer(view.outsum, "<f8"), st.position)
+
+
+def _mean(seq_id: str, index: int, total: np.ndarray, position: int) -> ChunkResult:
+    """emit="sequence": a finished sequence's one result, the mean over all its tokens."""
+    return ChunkResult(seq_id, index, 0, (total / position).astype(np.float32))
