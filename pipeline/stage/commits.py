@@ -30,7 +30,7 @@ from linstream.state import (
     SequenceState,
     SupersededError,
 )
-from linstream.state.store.manifest import Manifest
+from linstream.state.store import Manifest
 
 from .cells import Cells
 from .counters import Counters

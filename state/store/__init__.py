@@ -16,8 +16,14 @@ types              the values the store hands out
 """
 
 from .checkpoint_store import CheckpointProblem, CheckpointStore, CommitInfo, CommitOutcome, Head
-from .manifest import DIGEST_BYTES, MAX_DIGESTS, History, OutputSpan
+from .filesystems import FsspecStorage, LocalStorage, in_thread, open_storage
+from .manifest import DIGEST_BYTES, MAX_DIGESTS, History, Manifest, OutputSpan
+from .paths import encode_seq_dir, is_seq_dir
 
+# The store's public surface.  Beside the store and its values: what a caller that writes files
+# a commit names (the output spans of linstream.pipeline.stage.spans) needs to write and find
+# them as the store does: the storage primitives (`open_storage`, the two storages,
+# `in_thread`), the manifest a caller's own check reads, and the sequence folders' names.
 __all__ = [
     "DIGEST_BYTES",
     "MAX_DIGESTS",
@@ -25,7 +31,14 @@ __all__ = [
     "CheckpointStore",
     "CommitInfo",
     "CommitOutcome",
+    "FsspecStorage",
     "Head",
     "History",
+    "LocalStorage",
+    "Manifest",
     "OutputSpan",
+    "encode_seq_dir",
+    "in_thread",
+    "is_seq_dir",
+    "open_storage",
 ]

@@ -15,9 +15,8 @@ from .filesystems import FsspecStorage, LocalStorage
 from .manifest import MAX_MANIFEST_BYTES, Manifest
 from .paths import (
     commit_name,
-    decode_seq_dir,
     encode_seq_dir,
-    is_hashed_seq_dir,
+    is_seq_dir,
     manifest_name,
     parse_commit_name,
     parse_manifest_name,
@@ -106,11 +105,7 @@ class StoreFolders:
 
     def seq_dirs(self) -> list[str]:
         """The names of the sequence folders under the root."""
-        return [
-            n
-            for n in self.fs.list_dir(self.fs.root)
-            if decode_seq_dir(n) is not None or is_hashed_seq_dir(n)
-        ]
+        return [n for n in self.fs.list_dir(self.fs.root) if is_seq_dir(n)]
 
     def vanished(self, seq_dir: str, number: int) -> int | None:
         """None while commit ``number`` is in the folder; once it is not (retention removed
