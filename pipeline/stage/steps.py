@@ -416,10 +416,10 @@ class EmbedStep(ChunkStep):
         return self._model
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        if state["_source"] is None:
+        if self._source is None:  # formed once, on the first pickling
             assert self._model is not None
-            state["_source"] = _portable_source(self._model)
+            self._source = _portable_source(self._model)
+        state = dict(self.__dict__)
         state["_model"] = None  # loaded in setup() on the worker, never shipped
         return state
 
