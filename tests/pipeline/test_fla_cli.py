@@ -180,3 +180,68 @@ def test_text_is_tokenized_with_the_folders_tokenizer_json(tmp_path, name):
         emb, _ = model.embed_chunk(ids, None)
         want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
         assert np.array_equal(np.asarray(rows[name], np.float32), want), name
+
+
+def _gpt_neox_style_tokenizer(path):
+    """A tokenizer.json built as GPT-NeoX's is (the tokenizer of the Mamba-2 checkpoints): NFC
+    normalizer, byte-level BPE over the GPT-2 regex split without a prefix space, byte-level
+    post-processor and decoder, <|endoftext|> and <|padding|> as added special tokens; its
+    merges trained here on a few sentences (seeded: the trainer is deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "streams of text through a state space model",
+        "the café's menu: 日本語 and more",
+        "Mamba-2 carries its state   between chunks",
+        "tabs\tand newlines\n\n",
+    ] * 20
+    trainer = BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|padding|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(path))
+
+
+def test_a_gpt_neox_tokenizer_json_tokenizes_as_transformers_does(tmp_path):
+    """A Mamba-2 folder with a GPT-NeoX style tokenizer.json and no --tokenizer: each file is
+    tokenized as transformers' GPTNeoXTokenizer reads that file tokenizes it (merges, the NFC
+    normalizer on a decomposed é, the special token in the text as its one id, runs of
+    spaces), and the chunk mean written is the model's on those ids."""
+    from linstream.ops import load_model
+    from transformers import GPTNeoXTokenizer
+
+    folder = write_folder(tmp_path / "m", {**TINY_CONFIGS["mamba2"], "vocab_size": 512})
+    _gpt_neox_style_tokenizer(folder / "tokenizer.json")
+    oracle = GPTNeoXTokenizer(tokenizer_file=str(folder / "tokenizer.json"))
+    texts = {
+        "a.txt": "streams of text through a state space model<|endoftext|>Mamba-2 carries",
+        "b.txt": "the cafe\u0301's menu:   日本語\tand newlines\n\nbetween chunks",
+    }
+    inp = write_texts(tmp_path / "texts", texts)
+    out = tmp_path / "out"
+    done = linstream("embed", "--model", folder, "--input", inp, "--output", out,
+                     "--progress-every", "0")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(folder))
+    rows = {}
+    for f in (out / "results").rglob("*.parquet"):
+        t = pq.read_table(f).to_pydict()
+        rows.update(zip(t["seq_id"], t["embedding"], strict=True))
+    assert sorted(rows) == sorted(texts)
+    for name, text in texts.items():
+        ids = np.asarray(oracle(text)["input_ids"], np.int32)
+        print(name, ids.tolist())
+        assert 0 in ids.tolist() or name != "a.txt"  # <|endoftext|> is id 0, one token
+        assert len(ids) < len(text.encode("utf-8")) // 2  # merged, not bytes
+        emb, _ = model.embed_chunk(ids, None)
+        want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
+        assert np.array_equal(np.asarray(rows[name], np.float32), want), name
