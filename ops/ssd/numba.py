@@ -176,15 +176,17 @@ def ssd_chunks(
     """Mamba-2's SSD over T tokens from `state`, chunk by chunk (see the module docstring).
 
     x [T, H, P], b, c [T, G, N] in the compute dtype (float32 or float64; any strides: views of
-    the convolution's output do); dt [T, H] the raw time steps (any float dtype and strides);
-    a [H] (A = −exp(A_log)); d [H] or [H, P] (None: no skip); dt_bias [H]; dt_limit the clamp
-    of the time steps; state [H, P, N] in the state dtype, updated in place.  Returns y
-    [T, H, P] in the compute dtype (C-contiguous)."""
+    the convolution's output are copied to C order once, where the kernel's loops over them
+    vectorize: ~20% less time at Mamba-2 130M's sizes, the same bits); dt [T, H] the raw time
+    steps (any float dtype and strides); a [H] (A = −exp(A_log)); d [H] or [H, P] (None: no
+    skip); dt_bias [H]; dt_limit the clamp of the time steps; state [H, P, N] in the state
+    dtype, updated in place.  Returns y [T, H, P] in the compute dtype (C-contiguous)."""
     t, h, p = x.shape
     ct = x.dtype
     out = np.empty((t, h, p), dtype=ct)
     if t == 0:
         return out
+    x, b, c = (np.ascontiguousarray(v) for v in (x, b, c))
     step = np.ascontiguousarray(
         time_steps(dt, np.zeros(h) if dt_bias is None else dt_bias, dt_limit).T
     )  # [H, T]
