@@ -97,9 +97,37 @@ def run_torch(family: str, folder: str) -> dict[str, float]:
     }
 
 
+def run_linstream(family: str, folder: str) -> dict[str, float]:
+    """linstream's runtime on the folder (float32 compute, float64 state), the whole prompt as
+    one chunk from a fresh state, after a warm-up chunk (Numba's compilation); best of ROUNDS.
+    BLAS and Numba at THREADS threads (the runtime holds BLAS at one thread per product and
+    splits a chunk's rows over as many threads as BLAS had).  A family the runtime does not
+    load yet gets no column."""
+    import numba
+    import scipy.linalg.cython_blas  # noqa: F401  (Numba's BLAS, so that the limit reaches it)
+    from linstream.ops.model.fla import load_model
+    from linstream.ops.model.fla.config import FAMILIES as LOADED
+    from threadpoolctl import threadpool_limits
+
+    if family not in LOADED:
+        return {}
+    threadpool_limits(THREADS)
+    numba.set_num_threads(min(THREADS, numba.config.NUMBA_NUM_THREADS))
+    model = load_model(folder)
+    ids = prompt_ids(family)
+    model.embed_chunk(ids, None)  # the warm-up
+    times = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        model.embed_chunk(ids, None)
+        times.append(time.perf_counter() - t0)
+    return {"linstream f32": PROMPT / min(times)}
+
+
 CONTENDERS: dict[str, Callable[[str, str], dict[str, float]]] = {
     "llama_cpp": run_llama_cpp,
     "torch": run_torch,
+    "linstream": run_linstream,
 }
 
 
@@ -230,6 +258,14 @@ def test_bench_prompt_processing(folders, llama):
         cells = [f"{r[c]:.0f}" if c in r else "" for c in columns]
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     lines.append(f"\n(tokens/s; load average at the end {_load()})")
+    for family, r in rows.items():
+        if "linstream f32" in r:
+            ratios = ", ".join(
+                f"{r['linstream f32'] / r[c]:.2f}x {c}"
+                for c in columns
+                if c in r and c != "linstream f32"
+            )
+            lines.append(f"{family}: linstream f32 = {ratios}")
     print("\n" + "\n".join(lines))
     for family, r in rows.items():
         assert all(v > 0 for v in r.values()), (family, r)

@@ -32,6 +32,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                        "num_heads": 2, "head_dim": 8, "vocab_size": 50, "intermediate_size": 48},
     "hgrn2": {"model_type": "hgrn2", "hidden_size": 32, "num_hidden_layers": 2,
               "expand_ratio": 8, "vocab_size": 50, "intermediate_size": 48},
+    # transformers' dialect (its Mamba2Config's keys); I = 64 = 8 heads × 8, 2 groups of 8
+    "mamba2": {"model_type": "mamba2", "hidden_size": 32, "num_hidden_layers": 2,
+               "num_heads": 8, "head_dim": 8, "state_size": 8, "n_groups": 2, "expand": 2,
+               "vocab_size": 50, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
 }  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
 The written embeddings equal fla's own hidden states (`--layer N` its `hidden_states[N]`, the
 default the final norm) on a model built and saved by fla itself, run on the CPU on its naive
-references (tests/helpers/fla_oracle.py).  Tolerance, derived from the dtype as in
+references (tests/helpers/fla_oracle.py), and transformers' own for Mamba-2
+(tests/helpers/mamba2_oracle.py).  Tolerance, derived from the dtype as in
 tests/ops/fla/test_fla_oracle.py: the job computes in float32, so it must stay within 8 · e32 of
 fla in float64, e32 being fla's own float32 error on the same tokens (8: another summation
 order).  A job stopped by SIGKILL (or SIGINT) and resumed writes the same results, bit for bit,
@@ -51,13 +52,26 @@ def _token_rows(out):
     return rows
 
 
-@pytest.mark.parametrize(("name", "layer"), [("retnet", 1), ("gla", None)])
-def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
-    torch = pytest.importorskip("torch")
+def _oracle(name, tmp_path):
+    """(a folder built by the model's own library, its runner (ids, torch dtype) -> hidden
+    states in linstream's numbering): fla's classes, transformers' Mamba2ForCausalLM."""
+    if name == "mamba2":
+        from helpers.mamba2_oracle import run_mamba2
+        from helpers.rwkv_mamba_models import write_model_folder
+
+        return write_model_folder(tmp_path / name, "mamba2", "tiny"), run_mamba2
     pytest.importorskip("fla", reason="flash-linear-attention is a test extra")
     from helpers.fla_oracle import build_and_save, run_fla, tiny_configs
 
-    folder = build_and_save(name, tiny_configs()[name], tmp_path)
+    return build_and_save(name, tiny_configs()[name], tmp_path), run_fla
+
+
+@pytest.mark.parametrize(("name", "layer"), [("retnet", 1), ("gla", None), ("mamba2", None)])
+def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
+    """The job's embeddings are the hidden states of the model's own library (fla's classes;
+    transformers' for Mamba-2) on the same tokens."""
+    torch = pytest.importorskip("torch")
+    folder, run = _oracle(name, tmp_path)
     rng = np.random.default_rng(SEED)
     print(f"seed={SEED}")
     sizes = rng.integers(1, 40, 5)
@@ -68,10 +82,10 @@ def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
     args += ["--progress-every", "0", *(["--layer", str(layer)] if layer is not None else [])]
     done = linstream(*args)
     assert done.returncode == 0, done.stderr
-    ref = run_fla(folder, ids, torch.float64)
+    ref = run(folder, ids, torch.float64)
     e32 = max(
         float(np.max(np.abs(a - b)))
-        for a, b in zip(run_fla(folder, ids, torch.float32), ref, strict=True)
+        for a, b in zip(run(folder, ids, torch.float32), ref, strict=True)
     )
     want = ref[len(ref) - 1 if layer is None else layer]
     rows = _token_rows(out)
@@ -84,13 +98,14 @@ def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
         assert float(np.max(np.abs(got - ref[-1]))) > 8 * e32
 
 
-def test_a_killed_and_resumed_job_writes_what_one_job_writes(tmp_path):
+@pytest.mark.parametrize("name", ["gla", "mamba2"])
+def test_a_killed_and_resumed_job_writes_what_one_job_writes(tmp_path, name):
     """SIGKILL / SIGINT at random moments, then a resume over the full input: every chunk once,
-    bit-identical to an uninterrupted job (GLA with short convolutions: their tails are in
-    every checkpoint)."""
+    bit-identical to an uninterrupted job (GLA with short convolutions, Mamba-2 with its SSM
+    state and the convolution's tail over x, B, C: all in every checkpoint)."""
     seed = SEED + 1
-    print(f"crash harness seed {seed}")
-    folder = str(write_folder(tmp_path / "gla", TINY_CONFIGS["gla"], seed=3))
+    print(f"crash harness seed {seed}, model {name}")
+    folder = str(write_folder(tmp_path / name, TINY_CONFIGS[name], seed=3))
     chunks = sample_chunks(3, 40 * 16, 16, seed=seed, shuffle=True, duplicates=4, vocab_size=50)
     inp = str(tmp_path / "in.parquet")
     write_chunk_file(inp, chunks)
@@ -139,13 +154,14 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, gla_folder):
     assert 'config option attn = {"layers": [1], "num_heads": 2} is not supported' in line
 
 
-def test_text_is_tokenized_with_the_folders_tokenizer_json(tmp_path):
+@pytest.mark.parametrize("name", ["hgrn2", "mamba2"])
+def test_text_is_tokenized_with_the_folders_tokenizer_json(tmp_path, name):
     """No --tokenizer: the folder's tokenizer.json (here a byte-level one: ids are the UTF-8
     bytes) tokenizes the text; each file's chunk mean is the model's on those ids."""
     from linstream.ops import load_model
     from linstream.pipeline.io.tokenizers import byte_tokenizer
 
-    folder = write_folder(tmp_path / "m", {**TINY_CONFIGS["hgrn2"], "vocab_size": 256})
+    folder = write_folder(tmp_path / "m", {**TINY_CONFIGS[name], "vocab_size": 256})
     byte_tokenizer().save(str(folder / "tokenizer.json"))
     texts = {"a.txt": "héllo, linear attention", "b/c.txt": "streams of text"}
     inp = write_texts(tmp_path / "texts", texts)
@@ -161,6 +177,71 @@ def test_text_is_tokenized_with_the_folders_tokenizer_json(tmp_path):
     assert sorted(rows) == sorted(texts)
     for name, text in texts.items():
         ids = np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+        emb, _ = model.embed_chunk(ids, None)
+        want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
+        assert np.array_equal(np.asarray(rows[name], np.float32), want), name
+
+
+def _gpt_neox_style_tokenizer(path):
+    """A tokenizer.json built as GPT-NeoX's is (the tokenizer of the Mamba-2 checkpoints): NFC
+    normalizer, byte-level BPE over the GPT-2 regex split without a prefix space, byte-level
+    post-processor and decoder, <|endoftext|> and <|padding|> as added special tokens; its
+    merges trained here on a few sentences (seeded: the trainer is deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "streams of text through a state space model",
+        "the café's menu: 日本語 and more",
+        "Mamba-2 carries its state   between chunks",
+        "tabs\tand newlines\n\n",
+    ] * 20
+    trainer = BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|padding|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(path))
+
+
+def test_a_gpt_neox_tokenizer_json_tokenizes_as_transformers_does(tmp_path):
+    """A Mamba-2 folder with a GPT-NeoX style tokenizer.json and no --tokenizer: each file is
+    tokenized as transformers' GPTNeoXTokenizer reads that file tokenizes it (merges, the NFC
+    normalizer on a decomposed é, the special token in the text as its one id, runs of
+    spaces), and the chunk mean written is the model's on those ids."""
+    from linstream.ops import load_model
+    from transformers import GPTNeoXTokenizer
+
+    folder = write_folder(tmp_path / "m", {**TINY_CONFIGS["mamba2"], "vocab_size": 512})
+    _gpt_neox_style_tokenizer(folder / "tokenizer.json")
+    oracle = GPTNeoXTokenizer(tokenizer_file=str(folder / "tokenizer.json"))
+    texts = {
+        "a.txt": "streams of text through a state space model<|endoftext|>Mamba-2 carries",
+        "b.txt": "the cafe\u0301's menu:   日本語\tand newlines\n\nbetween chunks",
+    }
+    inp = write_texts(tmp_path / "texts", texts)
+    out = tmp_path / "out"
+    done = linstream("embed", "--model", folder, "--input", inp, "--output", out,
+                     "--progress-every", "0")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(folder))
+    rows = {}
+    for f in (out / "results").rglob("*.parquet"):
+        t = pq.read_table(f).to_pydict()
+        rows.update(zip(t["seq_id"], t["embedding"], strict=True))
+    assert sorted(rows) == sorted(texts)
+    for name, text in texts.items():
+        ids = np.asarray(oracle(text)["input_ids"], np.int32)
+        print(name, ids.tolist())
+        assert 0 in ids.tolist() or name != "a.txt"  # <|endoftext|> is id 0, one token
+        assert len(ids) < len(text.encode("utf-8")) // 2  # merged, not bytes
         emb, _ = model.embed_chunk(ids, None)
         want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
         assert np.array_equal(np.asarray(rows[name], np.float32), want), name

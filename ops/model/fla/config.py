@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: model_type values this runtime runs (each a module of this package).
-FAMILIES = ("gla", "retnet", "delta_net", "gated_deltanet", "hgrn2")
+FAMILIES = ("gla", "retnet", "delta_net", "gated_deltanet", "hgrn2", "mamba2")
 
 # Keys that cannot change the hidden states: Hugging Face bookkeeping, token ids, the output
 # head (tie_word_embeddings), training-only switches (losses, initialization, fused kernels

@@ -72,8 +72,8 @@ def test_a_value_of_the_wrong_type_says_what_was_expected(tmp_path):
 
 
 def test_another_model_type_is_refused_with_the_families(tmp_path):
-    msg = refused(folder_with(tmp_path, model_type="mamba2"))
-    assert 'model_type "mamba2"' in msg and "'gated_deltanet'" in msg
+    msg = refused(folder_with(tmp_path, model_type="mamba"))
+    assert 'model_type "mamba"' in msg and "'gated_deltanet'" in msg
 
 
 def test_hybrid_config_without_hybrid_layers_and_inert_keys_load(tmp_path):

@@ -1,0 +1,157 @@
+"""Mamba-2 (model_type "mamba2"): Hugging Face transformers' `Mamba2ForCausalLM` and fla's
+`Mamba2ForCausalLM`, the same layer under two config dialects, per chunk.
+
+A block is RMSNorm → mixer → residual add (no MLP); the model's final norm is `norm_f`.  With
+I = expand · hidden = H · P (H heads of head_dim P), G groups of d_state N:
+
+    z | xBC | dt = in_proj x                       xBC = x [I] | B [G·N] | C [G·N]; dt [H]
+    x, B, C = SiLU(conv(xBC) + conv bias)          depthwise causal conv of width W, tail carried
+    y = SSD(x, dt, A = −exp(A_log), B, C, D)       `linstream.ops.ssd` (time steps softplus(dt +
+                                                   dt_bias) clamped to the time-step limit)
+    out = out_proj gated_norm(y, z)                RMS(y · silu(z)) over G groups · weight
+
+The carried state per layer: `S` [H, P, N], the SSM state per head as transformers' cache holds
+it (head_dim before d_state), and `conv_xbc` [W−1, I + 2·G·N], the last W−1 raw inputs of the
+convolution over x, B and C.
+
+config.json: fla's dialect when it holds a key only fla 0.6.0's Mamba2Config has (norm_eps,
+dt_limit, rmsnorm, ...), else transformers 5.24's; each read with its library's defaults, and
+any key that library does not define refused (`config_mamba2`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from linstream.ops.ssd.numba import ssd_chunks
+
+from .block import ModelLayout, NormSpec
+from .config import CommonConfig
+from .config_mamba2 import Mamba2Spec, parse, parse_common
+from .dense import Weights
+from .mamba2_passes import conv_silu, gated_norm
+from .pieces import rms_norm
+from .state import LayerState, StateSpec
+
+__all__ = ["Mamba2Block", "build_block", "layer_tensors", "layout", "parse", "parse_common"]
+
+_LAYOUT = ModelLayout(
+    prefixes=("backbone.",),
+    embedding="embeddings.weight",
+    final_norm=NormSpec(kind="rms", weight="norm_f.weight"),
+    layers="layers.",
+    ignored=("lm_head.weight",),
+)
+
+
+def layout(s: Mamba2Spec, c: CommonConfig) -> ModelLayout:
+    return _LAYOUT
+
+
+def _dims(s: Mamba2Spec, c: CommonConfig) -> tuple[int, int, int]:
+    """(I, the convolution's width over x, B, C, the in-projection's width)."""
+    inner = c.intermediate_size
+    conv = inner + 2 * s.n_groups * s.state_size
+    return inner, conv, inner + conv + s.num_heads
+
+
+def layer_tensors(s: Mamba2Spec, c: CommonConfig, index: int) -> dict[str, tuple[int, ...]]:
+    d = c.hidden_size
+    inner, conv, proj = _dims(s, c)
+    out: dict[str, tuple[int, ...]] = {
+        "norm.weight": (d,),
+        "mixer.in_proj.weight": (proj, d),
+        "mixer.conv1d.weight": (conv, 1, s.conv_kernel),
+        "mixer.dt_bias": (s.num_heads,),
+        "mixer.A_log": (s.num_heads,),
+        "mixer.D": (inner,) if s.d_has_hdim else (s.num_heads,),
+        "mixer.out_proj.weight": (d, inner),
+    }
+    if s.gated_norm != "gate":
+        out["mixer.norm.weight"] = (inner,)
+    if s.use_conv_bias:
+        out["mixer.conv1d.bias"] = (conv,)
+    if s.use_bias:
+        out["mixer.in_proj.bias"] = (proj,)
+        out["mixer.out_proj.bias"] = (d,)
+    return out
+
+
+class Mamba2Block:
+    """One Mamba-2 layer: norm, mixer, residual (see the module docstring)."""
+
+    def __init__(
+        self, s: Mamba2Spec, c: CommonConfig, w: Mapping[str, Any], weights: Weights
+    ) -> None:
+        self.s, self.eps = s, c.norm_eps
+        self.inner, self.conv_dim, _ = _dims(s, c)
+        self.norm = weights.array(w["norm.weight"])
+        self.in_proj = weights.dense(w["mixer.in_proj.weight"])
+        self.out_proj = weights.dense(w["mixer.out_proj.weight"])
+        self.in_bias = _maybe(weights, w, "mixer.in_proj.bias")
+        self.out_bias = _maybe(weights, w, "mixer.out_proj.bias")
+        self.conv_w = np.ascontiguousarray(weights.array(w["mixer.conv1d.weight"])[:, 0, :])
+        self.conv_b = _maybe(weights, w, "mixer.conv1d.bias")
+        self.a = -np.exp(weights.array(w["mixer.A_log"], np.float64))  # A = −exp(A_log)
+        self.dt_bias = weights.array(w["mixer.dt_bias"], np.float64)
+        d = weights.array(w["mixer.D"])
+        self.d = d.reshape(s.num_heads, s.head_dim) if s.d_has_hdim else d
+        self.norm_w = _maybe(weights, w, "mixer.norm.weight")
+        self.limit = s.time_step_limit
+        self.state_spec = StateSpec(
+            (
+                ("S", (s.num_heads, s.head_dim, s.state_size)),
+                ("conv_xbc", (s.conv_kernel - 1, self.conv_dim)),
+            )
+        )
+
+    def forward(
+        self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
+    ) -> tuple[np.ndarray, LayerState]:
+        s, t = self.s, x.shape[0]
+        inner, conv = self.inner, self.conv_dim
+        p = self.in_proj(rms_norm(x, self.norm, self.eps))
+        if self.in_bias is not None:
+            p += self.in_bias
+        raw = p[:, inner : inner + conv]
+        xbc, tail = conv_silu(raw, state["conv_xbc"], self.conv_w, self.conv_b)
+        gn = s.n_groups * s.state_size
+        xs = xbc[:, :inner].reshape(t, s.num_heads, s.head_dim)
+        b = xbc[:, inner : inner + gn].reshape(t, s.n_groups, s.state_size)
+        c = xbc[:, inner + gn :].reshape(t, s.n_groups, s.state_size)
+        ssm = np.array(state["S"], copy=True)
+        y = ssd_chunks(
+            xs,
+            p[:, inner + conv :],
+            self.a,
+            b,
+            c,
+            self.d,
+            ssm,
+            dt_bias=self.dt_bias,
+            dt_limit=self.limit,
+        )
+        o = gated_norm(
+            y.reshape(t, inner), p[:, :inner], self.norm_w, s.n_groups, self.eps, s.gated_norm
+        )
+        out = self.out_proj(o)
+        if self.out_bias is not None:
+            out += self.out_bias
+        return x + out, LayerState({"S": ssm, "conv_xbc": tail})
+
+
+def _maybe(weights: Weights, w: Mapping[str, Any], name: str) -> np.ndarray | None:
+    return weights.array(w[name]) if name in w else None
+
+
+def build_block(
+    s: Mamba2Spec,
+    c: CommonConfig,
+    w: Mapping[str, Any],
+    weights: Weights,
+    index: int,
+    model: Mapping[str, Any],
+) -> Mamba2Block:
+    return Mamba2Block(s, c, w, weights)

@@ -1,0 +1,220 @@
+"""Mamba-2's SSD kernel (`linstream.ops.ssd`) against transformers' own: `mamba2_chunk_scan`, the
+SSD of Mamba2Mixer's pure-PyTorch path (tests/helpers/mamba2_oracle.py), over random splits of a
+sequence into calls, random chunk lengths, groups, head and state sizes, time-step limits and
+skips (Hypothesis draws a seed; the seed and the case print and rebuild it).
+
+Tolerance, derived from the dtype: the reference is transformers' scan in float64 (a float64 clone
+of its own source, so its math in float64 throughout); its float32 run differs from that by e32
+(measured per case: its rounding at float32's unit roundoff u32 on these inputs).  The kernel in a
+compute dtype of unit roundoff u must stay within 8 · e32 · u / u32: the same rounding at that
+dtype's roundoff, with a factor of 8 (3 bits) for another summation order (chunks of another
+length, the state carried between calls, a polynomial exp in float32).  A float32 state (rounded
+at every call) counts as a float32 compute dtype.  Added to it: the kernel's documented drift of
+its float64 prefix sums (n·max|log decay|·u64 relative, `linstream.ops.ssd.numba`), which matters
+in float64 only (at C = 64 and decays near e^-3 a token: ~1e-13).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="transformers is a test extra (make test installs it)")
+
+from helpers.mamba2_oracle import chunk_scan  # noqa: E402
+from linstream.ops.ssd.naive import ssd_recurrent  # noqa: E402
+from linstream.ops.ssd.numba import ssd_chunks  # noqa: E402
+
+FACTOR = 8
+U32 = float(np.finfo(np.float32).eps) / 2
+
+
+def unit(dtype) -> float:
+    return float(np.finfo(dtype).eps) / 2
+
+
+def case(rng: np.random.Generator, t: int, g: int, hpg: int, p: int, n: int) -> dict:
+    """Inputs in Mamba-2's working ranges: x, B, C ~ N(0, 1) (after the conv's SiLU they are
+    O(1)), raw dt ~ N(−1, 1) with dt_bias ~ N(−2, 1) (time steps ~ 0.01–1), A = −e^{U(−2, 3)}
+    (decays per token from ~e^-0.001 to ~e^-20), D ~ 1 + N(0, 0.1)."""
+    h = g * hpg
+    return dict(
+        x=rng.standard_normal((t, h, p)),
+        dt=rng.standard_normal((t, h)) - 1.0,
+        a=-np.exp(rng.uniform(-2, 3, h)),
+        b=rng.standard_normal((t, g, n)),
+        c=rng.standard_normal((t, g, n)),
+        d=1.0 + 0.1 * rng.standard_normal(h),
+        dt_bias=rng.standard_normal(h) - 2.0,
+    )
+
+
+def reference(kw: dict, limit, dtype) -> tuple[np.ndarray, np.ndarray]:
+    return chunk_scan(
+        kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"], d=kw["d"], dt_bias=kw["dt_bias"],
+        dt_limit=limit, chunk_size=32, dtype=dtype,
+    )  # fmt: skip
+
+
+def streamed(kw: dict, limit, bounds, cdt, sdt, chunk) -> tuple[np.ndarray, np.ndarray]:
+    h, p = kw["x"].shape[1:]
+    state = np.zeros((h, p, kw["b"].shape[2]), sdt)
+    ys = []
+    for a, b in itertools.pairwise(bounds):
+        ys.append(
+            ssd_chunks(
+                kw["x"][a:b].astype(cdt),
+                kw["dt"][a:b],
+                kw["a"],
+                kw["b"][a:b].astype(cdt),
+                kw["c"][a:b].astype(cdt),
+                kw["d"],
+                state,
+                dt_bias=kw["dt_bias"],
+                dt_limit=limit,
+                chunk_size=chunk,
+            )
+        )
+    return np.concatenate(ys), state
+
+
+def worst(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+@pytest.mark.parametrize(
+    "dtypes",
+    [(np.float64, np.float64), (np.float32, np.float64), (np.float32, np.float32)],
+    ids=["f64", "f32-state64", "f32-state32"],
+)
+def test_random_splits_equal_transformers_scan(dtypes, seed):
+    cdt, sdt = dtypes
+    rng = np.random.default_rng(seed)
+    t = int(rng.integers(1, 160))
+    g, hpg = int(rng.choice([1, 2, 4])), int(rng.integers(1, 4))
+    p, n = int(rng.choice([4, 8, 16])), int(rng.choice([4, 16, 64]))
+    chunk = int(rng.choice([1, 3, 16, 64, 256]))
+    limit = (0.0, float("inf")) if rng.random() < 0.5 else (0.05, float(rng.uniform(0.1, 2.0)))
+    cuts = rng.integers(1, t, size=int(rng.integers(0, 5))).tolist() if t > 1 else []
+    bounds = sorted({0, t, *cuts})
+    print(f"seed={seed} T={t} G={g} H={g * hpg} P={p} N={n} C={chunk} limit={limit} {bounds}")
+    kw = case(rng, t, g, hpg, p, n)
+    y64, s64 = reference(kw, limit, torch.float64)
+    y32, s32 = reference(kw, limit, torch.float32)
+    e32 = max(worst(y32, y64), 1e-300)
+    e32s = max(worst(s32, s64), 1e-300)
+    y, s = streamed(kw, limit, bounds, cdt, sdt, chunk)
+    assert y.dtype == cdt and s.dtype == sdt
+    u = max(unit(cdt), unit(sdt))
+    err, err_s = worst(y, y64), worst(s, s64)
+    # The kernel's own term (its docstring): e^{G_i − G_j} from differences of a chunk's float64
+    # prefix sums, off by up to n·max|log decay|·u64 in the exponent (n the chunk's length), so
+    # by that share of the output's and the state's size; transformers' scan forms its segment
+    # sums without that cancellation, so e32 does not hold it.
+    step = np.logaddexp(0.0, kw["dt"] + kw["dt_bias"]).clip(*limit)
+    drift = min(chunk, t) * float(np.max(step * np.abs(kw["a"]))) * unit(np.float64)
+    tol = FACTOR * e32 * u / U32 + drift * float(np.abs(y64).max())
+    tol_s = FACTOR * e32s * u / U32 + drift * float(np.abs(s64).max())
+    print(f"error {err:.3g} (tolerance {tol:.3g}), state {err_s:.3g} ({tol_s:.3g})")
+    assert err <= tol
+    assert err_s <= tol_s
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_naive_reference_equals_transformers_scan(seed):
+    """The float64 token-by-token reference is transformers' rule, from a given state too."""
+    rng = np.random.default_rng(seed)
+    kw = case(rng, int(rng.integers(1, 80)), 2, 2, 8, 16)
+    h, p, n = 4, 8, 16
+    s0 = rng.standard_normal((h, p, n))
+    print(f"seed={seed} T={kw['x'].shape[0]}")
+    args = (kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"])
+    y64, s64 = chunk_scan(*args, d=kw["d"], dt_bias=kw["dt_bias"], state=s0, dtype=torch.float64)
+    y32, s32 = chunk_scan(*args, d=kw["d"], dt_bias=kw["dt_bias"], state=s0, dtype=torch.float32)
+    y, s = ssd_recurrent(*args, kw["d"], s0, dt_bias=kw["dt_bias"])
+    scale = unit(np.float64) / U32
+    assert worst(y, y64) <= FACTOR * worst(y32, y64) * scale
+    assert worst(s, s64) <= FACTOR * worst(s32, s64) * scale
+
+
+def test_one_token_calls_equal_one_call():
+    rng = np.random.default_rng(3)
+    kw = case(rng, 40, 2, 3, 8, 16)
+    inf = (0.0, float("inf"))
+    whole, s_whole = streamed(kw, inf, [0, 40], np.float64, np.float64, 64)
+    steps, s_steps = streamed(kw, inf, list(range(41)), np.float64, np.float64, 64)
+    np.testing.assert_allclose(steps, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
+    np.testing.assert_allclose(s_steps, s_whole, rtol=0, atol=1e-12 * np.abs(s_whole).max())
+
+
+def test_no_tokens_leave_the_state_as_it_was():
+    rng = np.random.default_rng(4)
+    kw = case(rng, 0, 1, 2, 4, 4)
+    state = rng.standard_normal((2, 4, 4))
+    before = state.copy()
+    y = ssd_chunks(kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"], kw["d"], state)
+    assert y.shape == (0, 2, 4)
+    np.testing.assert_array_equal(state, before)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("where", ["x", "b", "c", "dt"])
+def test_a_non_finite_input_never_reaches_earlier_tokens(bad, where):
+    """Token 37 holds an Inf or NaN: the outputs of tokens 0..36 are those of the clean prefix,
+    for every chunk length and split (the kernel starts a chunk at such a token)."""
+    rng = np.random.default_rng(5)
+    kw = case(rng, 60, 2, 2, 8, 16)
+    inf = (0.0, float("inf"))
+    clean, _ = streamed(kw, inf, [0, 37], np.float32, np.float64, 64)
+    if where == "dt":
+        kw["dt"][37, 1] = bad
+    else:
+        kw[where][37, 1, 2] = bad
+    for chunk, bounds in itertools.product([1, 16, 64], [[0, 60], [0, 30, 60], [0, 36, 37, 60]]):
+        y, _ = streamed(kw, inf, bounds, np.float32, np.float64, chunk)
+        assert np.all(np.isfinite(y[:37])), (chunk, bounds)
+        np.testing.assert_allclose(y[:37], clean, rtol=1e-5, atol=1e-5)
+
+
+def test_decays_that_erase_the_state_give_no_nan():
+    """Time steps so large that e^{s·A} underflows to 0 (s·A ≈ −1e4 and below, floored): the
+    state is erased, never NaN, and what follows does not depend on what came before."""
+    rng = np.random.default_rng(6)
+    kw = case(rng, 50, 1, 2, 4, 8)
+    kw["dt"][10] = 1e4
+    inf = (0.0, float("inf"))
+    y, s = streamed(kw, inf, [0, 13, 50], np.float64, np.float64, 16)
+    ref, ref_s = ssd_recurrent(
+        kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"], kw["d"], dt_bias=kw["dt_bias"]
+    )
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(s))
+    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    np.testing.assert_allclose(s, ref_s, rtol=0, atol=1e-12 * np.abs(ref_s).max())
+    kw["x"][:10] = rng.standard_normal(kw["x"][:10].shape)  # another past: the same future
+    later, _ = streamed(kw, inf, [0, 50], np.float64, np.float64, 64)
+    np.testing.assert_allclose(later[10:], y[10:], rtol=0, atol=1e-12 * np.abs(y).max())
+
+
+def test_decays_near_one_keep_long_sums():
+    """A ≈ 0 (decay e^{-1e-9} per token): the state sums every token; float32 compute with a
+    float64 state stays within float32 rounding of the float64 reference."""
+    rng = np.random.default_rng(7)
+    kw = case(rng, 400, 1, 2, 8, 16)
+    kw["a"][:] = -1e-9
+    inf = (0.0, float("inf"))
+    ref, ref_s = ssd_recurrent(
+        kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"], kw["d"], dt_bias=kw["dt_bias"]
+    )
+    y64, s64 = reference(kw, inf, torch.float64)
+    y32, s32 = reference(kw, inf, torch.float32)
+    y, s = streamed(kw, inf, [0, 100, 333, 400], np.float32, np.float64, 64)
+    assert worst(y, ref) <= FACTOR * worst(y32, y64)
+    assert worst(s, ref_s) <= FACTOR * worst(s32, s64)
