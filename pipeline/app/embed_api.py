@@ -52,6 +52,7 @@ def embed(
     state_dtype: Any = np.float64,
     as_table: bool = False,
     progress: bool | None = None,
+    compute_dtype: Any = None,
 ) -> Any:
     """Embed texts, files or token-id arrays; returns a NumPy array or a pyarrow Table.
 
@@ -68,10 +69,12 @@ def embed(
         names (the tokenizer defaults to the one the model names, else builtin:bytes).
     as_table: a Table for emit="sequence" too (with each sequence's id).
     progress: a progress bar on stderr; None: where stderr is a terminal.
+    compute_dtype: as `linstream embed --compute-dtype` (float32 by default; "bfloat16" for a
+        checkpoint folder); for a model given by name (a loaded model keeps its own).
 
     Bad input raises ValueError (or TypeError) naming the sequence, before any work.
     """
-    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype)
     return job.run(inputs, as_table=as_table, progress=progress)
 
 
@@ -100,6 +103,7 @@ class Resumable:
         state_dtype: Any = np.float64,
         checkpoint_every: int = 16,
         restore_fallback: bool = False,
+        compute_dtype: Any = None,
     ) -> None:
         from linstream.state import CheckpointStore
 
@@ -109,7 +113,9 @@ class Resumable:
         if checkpoint_every < 1:
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every}"
             raise ValueError(msg)
-        self._job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+        self._job = _Job.make(
+            model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype
+        )
         self.checkpoint_dir = str(checkpoint_dir)
         self._store = CheckpointStore(self.checkpoint_dir)
         self._every = checkpoint_every
@@ -176,6 +182,7 @@ class _Job:
         tokenizer: str | None,
         backend: str,
         state_dtype: Any,
+        compute_dtype: Any = None,
     ) -> _Job:
         from linstream.ops import load_model
         from linstream.pipeline.io.tokenizers import TextTokenizer, resolve_tokenizer
@@ -184,7 +191,8 @@ class _Job:
             msg = f"emit: expected one of {', '.join(EMITS)}, got {emit!r}"
             raise ValueError(msg)
         by_name = isinstance(model, (str, os.PathLike))
-        loaded = load_model(os.fspath(model)) if by_name else model
+        compute = np.float32 if compute_dtype is None else compute_dtype
+        loaded = load_model(os.fspath(model), compute_dtype=compute) if by_name else model
         # Where the model came from (a loaded model's file): the tokenizer its file names.
         source = getattr(loaded, "source", None)
         spec = source if isinstance(source, str) and not source.startswith("<") else None

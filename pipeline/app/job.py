@@ -97,6 +97,7 @@ def embed_transform(config: EmbedConfig, *, total_tokens: int | None = None) -> 
         backend=config.backend,
         state_dtype=config.state_dtype,
         layer=config.layer,
+        compute_dtype=config.compute_dtype,
         stage=config.stage_config(total_tokens=total_tokens),
     )
 

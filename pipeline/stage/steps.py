@@ -348,6 +348,8 @@ class EmbedStep(ChunkStep):
     once per worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose
     fingerprint changed since the job was built.  `layer` (a checkpoint folder's models only):
     emit hidden state N (0 the embeddings .. L the final norm, the default) instead.
+    `compute_dtype` (a spec's load: float32 by default, float64, or bfloat16 for a checkpoint
+    folder); a loaded model keeps its own, and the workers load the model in it too.
     """
 
     def __init__(
@@ -357,6 +359,7 @@ class EmbedStep(ChunkStep):
         state_dtype: Any = np.float64,
         *,
         layer: int | None = None,
+        compute_dtype: Any = None,
     ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
@@ -365,11 +368,13 @@ class EmbedStep(ChunkStep):
 
             self._source: str | bytes = model
             # Loaded here too: the fingerprint names the model in checkpoints.
-            self._model: Any = load_model(model)
+            self._model: Any = load_model(model, compute_dtype=compute_dtype or np.float32)
         else:
             self._source = _portable_source(model)
             self._model = model
-        self.compute_dtype = str(np.dtype(self._model.compute_dtype))
+        # a checkpoint folder's model names its mode (bfloat16 computes in float32)
+        mode = getattr(self._model, "compute_mode", None)
+        self.compute_dtype = str(mode or np.dtype(self._model.compute_dtype))
         self.fingerprint = str(self._model.fingerprint)
         self._folder = _is_folder_model(self._model)
         self.stacks_layers = not self._folder  # a folder's model has a state form of its own
