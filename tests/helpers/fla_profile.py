@@ -39,14 +39,16 @@ class Profile:
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.calls = dict.fromkeys(KINDS, 0)
+        self.by_function: dict[str, float] = {}
         self._depth = threading.local()
         self._undo: list[Callable[[], None]] = []
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.calls = dict.fromkeys(KINDS, 0)
+        self.by_function = {}
 
-    def _wrap(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(self, kind: str, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         depth, seconds, calls = self._depth, self, self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -58,15 +60,17 @@ class Profile:
             finally:
                 depth.n = d
                 if d == 0:
-                    seconds.seconds[kind] += time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    seconds.seconds[kind] += dt
                     calls.calls[kind] += 1
+                    seconds.by_function[name] = seconds.by_function.get(name, 0.0) + dt
 
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
     def _patch(self, owner: Any, name: str, kind: str) -> None:
         old = getattr(owner, name)
-        setattr(owner, name, self._wrap(kind, old))
+        setattr(owner, name, self._wrap(kind, old, name))
         self._undo.append(lambda: setattr(owner, name, old))
 
     def __enter__(self) -> Profile:

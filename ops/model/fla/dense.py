@@ -26,7 +26,9 @@ The contract (what a family may rely on, and what a compute mode may change):
   any other is converted once, at load.
 - Inside `split_rows(split)` (the runtime's forward) a product's rows run in the ranges of
   `split` (`linstream.ops.model.threads.row_split`: ranges fixed by the number of rows alone,
-  BLAS at one thread, each range one call), so its bits do not depend on the thread count.
+  BLAS at one thread, each range one call), or for a chunk too short for two row ranges its
+  output's columns (ranges fixed by the output width), so its bits do not depend on the thread
+  count.
   `weights.dense(w, split=False)` is one call over all rows, for a product too small to be
   worth ranges (GLA's rank-16 gate); also independent of the thread count.
 - `weights.fused` keeps its parts apart (one product each, of the same input): measured on the
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from linstream.ops.model.threads import MIN_ROWS
 
 from .bf16 import BF16, Engine, choose_engine
 
@@ -89,17 +92,25 @@ def _blas_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 def _project(
     x: np.ndarray, w: np.ndarray, rows: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 ) -> np.ndarray:
-    """x [T, in] @ w.T for w [out, in], the rows in the ranges of the current `split_rows`
-    (each range one call of `rows` on its own rows)."""
+    """x [T, in] @ w.T for w [out, in] through the current `split_rows`: a chunk long enough
+    for several row ranges runs each range as one call of `rows` on its own rows; a shorter
+    one (one row range) runs the ranges of the output's columns instead (`row_ranges` of the
+    output width: fixed by the shape alone, so the bits do not depend on the thread count),
+    each one call over all rows and its own columns of w: both threads work on a small chunk,
+    and neither packs the other's half of the weight (row halves of a short chunk each pack
+    all of it)."""
     split = _SPLIT.get()
     if split is None and rows is _blas_rows:
         return x @ w.T
     dt = np.float32 if w.dtype == BF16 else np.result_type(x, w)
-    y = np.empty((x.shape[0], w.shape[0]), dtype=dt)
+    t, n = x.shape[0], w.shape[0]
+    y = np.empty((t, n), dtype=dt)
     if split is None:
         rows(x, w, y)
-        return y
-    split(lambda r: rows(x[r], w, y[r]), x.shape[0])
+    elif t >= 2 * MIN_ROWS:
+        split(lambda r: rows(x[r], w, y[r]), t)
+    else:
+        split(lambda c: rows(x, w[c], y[:, c]), n)
     return y
 
 

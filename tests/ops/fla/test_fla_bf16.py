@@ -133,8 +133,9 @@ def test_widened_bfloat16_is_the_float32_mode_bit_for_bit(tmp_path, family, monk
 
 
 def test_mkl_products_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
-    """The bfloat16 products run in the runtime's row ranges with MKL at one thread: the same
-    bits on 1, 2 or 3 threads (a 4,400-token chunk: four ranges)."""
+    """The bfloat16 products run in the runtime's ranges with MKL at one thread: the same bits
+    on 1, 2 or 3 threads (a 100-token chunk: its products' columns in ranges; then a 4,400-token
+    chunk: four row ranges)."""
     from linstream.ops.model import blas
 
     cfg = {**TINY_CONFIGS["gla"], "hidden_size": 128, "num_heads": 2}
