@@ -4,6 +4,8 @@ config        ModelConfig, a frozen dataclass that round-trips through JSON
 weights       tensor names and shapes, the fixed initialization, the safetensors file format,
               the fingerprint
 builtin       how the shipped `builtin:` models (builtin/*.safetensors) are made and checked
+protocol      StreamingModel, what a runtime offers the pipeline (both runtimes satisfy it),
+              and check_token_ids, the one check of a chunk's token ids
 runtime       EmbeddingModel: one chunk at a time, carried per-layer state, no torch
 layers        the runtime's layers against an array namespace (NumPy or CuPy)
 kernels       the runtime's fused Numba passes (norms, residual adds, bias + activation)

@@ -69,6 +69,7 @@ from .layers import (
     _activation as _activation,  # re-exported (tests/ops/additive/test_numba_kernel.py)
 )
 from .layers import _Weights
+from .protocol import StateLayout, check_token_ids
 from .weights import check_tensors, fingerprint, read_model
 
 if TYPE_CHECKING:
@@ -248,6 +249,31 @@ class EmbeddingModel:
         n_layers, h, f, dv = self.state_shape
         return [AttentionState.zeros(h, f, dv, dt) for _ in range(n_layers)]
 
+    def state_layout(self) -> StateLayout:
+        """The carried state as a checkpoint stores it: S [L, H, F, d_head], z [L, H, F]."""
+        n_layers, h, f, dv = self.state_shape
+        return (("S", (n_layers, h, f, dv)), ("z", (n_layers, h, f)))
+
+    def stack_states(
+        self, states: Sequence[AttentionState], position: int
+    ) -> dict[str, np.ndarray]:
+        """The per-layer states as S and z with the layers first (``position``: the protocol's;
+        these states do not depend on it)."""
+        st = self._check_states(states)
+        return {"S": np.stack([s.S for s in st]), "z": np.stack([s.z for s in st])}
+
+    def unstack_states(
+        self, arrays: Mapping[str, np.ndarray], position: int
+    ) -> list[AttentionState]:
+        """Per-layer states (views of ``arrays``): the inverse of `stack_states`."""
+        layout = dict(self.state_layout())
+        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+        if shapes != layout:
+            msg = f"a state of {shapes} does not fit the model, which carries {layout}"
+            raise ValueError(msg)
+        S, z = arrays["S"], arrays["z"]
+        return [AttentionState(S[i], z[i]) for i in range(len(S))]
+
     def _check_states(self, states: Any) -> list[AttentionState]:
         n_layers, h, f, dv = self.state_shape
         if isinstance(states, AttentionState) or not isinstance(states, Sequence):
@@ -316,30 +342,8 @@ class EmbeddingModel:
             raise TypeError(msg)
         x = np.asarray(inputs)
         if c.input_kind == "tokens":
-            if x.dtype.kind not in "iu":
-                msg = (
-                    f"token ids must be an integer array (e.g. int32 or int64), got dtype {x.dtype}"
-                )
-                raise TypeError(msg)
-            if x.ndim != 1:
-                msg = f"token ids must be 1-D [T], got shape {x.shape}"
-                raise ValueError(msg)
-            if x.shape[0] == 0:
-                msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
-                raise ValueError(msg)
             assert c.vocab_size is not None
-            if x.min() >= 0 and x.max() < c.vocab_size:  # two reductions, no temporaries
-                return x
-            bad = np.flatnonzero((x < 0) | (x >= c.vocab_size))
-            if bad.size:
-                pos = int(bad[0])
-                msg = (
-                    f"unknown token id {int(x[pos])} at position {pos}: the model's vocabulary "
-                    f"has {c.vocab_size} ids (0 to {c.vocab_size - 1})"
-                    + (f"; {bad.size} ids out of range in all" if bad.size > 1 else "")
-                )
-                raise ValueError(msg)
-            return x
+            return check_token_ids(x, c.vocab_size)
         if x.dtype.kind != "f":
             msg = f"feature vectors must be a floating array (float32), got dtype {x.dtype}"
             raise TypeError(msg)

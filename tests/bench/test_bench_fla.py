@@ -277,9 +277,11 @@ CONTENDERS = {"linstream": run_linstream, "torch_loop": run_torch_loop, "fla": r
 
 # -- the benchmark --------------------------------------------------------------------------------
 def _run(contender: str, folder: Path) -> dict:
+    tests_dir = str(Path(__file__).resolve().parents[1])  # the child imports helpers.*
     r = subprocess.run(
         [sys.executable, __file__, contender, str(folder)],
         capture_output=True, text=True, check=False, timeout=1800,
+        env={**os.environ, "PYTHONPATH": tests_dir},
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -6,7 +6,8 @@ from the folder), fla's RWKV-7 and transformers' Mamba-2 on the CPU (torch, floa
 
 llama.cpp is built on first use from `llama-cpp-python`'s pinned sdist into
 ~/.cache/linstream/llama.cpp (`helpers.llama_cpp`: minutes on 2 cores, then reused).  The
-folders are built with the models' own classes (`helpers.rwkv_mamba_models`).  Each contender
+folders are built with the models' own classes (`helpers.rwkv_mamba_models`) and kept, with
+their GGUFs, in that cache's `<version>/models/` for the next run.  Each contender
 runs in a fresh process (`python this_file <contender> <family> <folder>`) and returns its
 columns of tokens/s; llama-bench runs its own warm-up and reports the mean of its repetitions;
 the torch contenders time whole-sequence forwards of the base model (final hidden states, no
@@ -16,6 +17,11 @@ warm-up call (the first call in a process has run up to ten times slower), best 
 A contender is one function `(family, folder) -> {column: tokens/s}` registered in CONTENDERS
 (runs in its own process, 2 threads, on PROMPT tokens from `prompt_ids`); the table gets its
 columns in the order registered.
+
+On a busy machine the torch contenders' figures mean little: fla's RWKV-7 recurrence is a
+Python loop of small tensor operations, and with 2 torch threads each one waits for the second
+thread, descheduled by the neighbours (256 tokens took 36 s on 2 threads and 4.6 s on 1 at a
+load average of 7; llama.cpp's spinning threads suffer less).  Read the load averages printed.
 
 Environment: LINSTREAM_LLAMA_PROMPT (tokens, default 2048), LINSTREAM_LLAMA_SIZE ("bench", or
 "tiny" for a smoke run), LINSTREAM_LLAMA_CACHE and LINSTREAM_LLAMA_BUILD_TIMEOUT
@@ -144,22 +150,22 @@ def llama():
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, llama):
-    """The two random folders, and their GGUFs at every precision."""
+def folders(llama):
+    """The two random folders, and their GGUFs at every precision: kept beside the build
+    (about 4 GB at the bench size) and reused by the next run."""
     from helpers.llama_cpp_run import OUTTYPES, convert_to_gguf
-    from helpers.rwkv_mamba_models import parameter_counts, write_model_folder
+    from helpers.rwkv_mamba_models import cached_model_folder, parameter_counts
 
-    root = tmp_path_factory.mktemp("llama_cpp")
     out = {}
     for family in FAMILIES:
         t0 = time.perf_counter()
-        folder = write_model_folder(root / f"{family}-{SIZE}", family, SIZE, seed=SEED)
+        folder = cached_model_folder(llama.root / "models", family, SIZE, seed=SEED)
         for t in OUTTYPES:
             convert_to_gguf(llama, folder, t)
         total, body = parameter_counts(folder)
         print(
             f"{family}: {total / 1e6:.1f}M parameters ({body / 1e6:.1f}M without embeddings), "
-            f"folder and GGUFs in {time.perf_counter() - t0:.0f} s"
+            f"folder and GGUFs ready in {time.perf_counter() - t0:.0f} s: {folder}"
         )
         out[family] = folder
     return out

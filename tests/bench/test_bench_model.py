@@ -111,7 +111,7 @@ def measure(threads):
 
 
 def _run(threads):
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     if threads == 1:
         env.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     r = subprocess.run(

@@ -80,7 +80,7 @@ def convert_to_gguf(
         p for p in (str(llama.source / "gguf-py"), env.get("PYTHONPATH", "")) if p
     )
     env.setdefault("HF_HUB_OFFLINE", "1")
-    tmp = path.with_name(path.name + ".part")
+    tmp = path.with_name(f"{path.name}.part{os.getpid()}")  # concurrent conversions
     cmd = [
         sys.executable,
         str(llama.source / "convert_hf_to_gguf.py"),
@@ -92,7 +92,7 @@ def convert_to_gguf(
     ]
     log = path.with_name(path.name + ".log")
     _run(f"convert_hf_to_gguf.py {folder.name} --outtype {outtype}", cmd, log, timeout_s, env)
-    tmp.rename(path)
+    tmp.replace(path)
     return path
 
 

@@ -5,6 +5,7 @@ oracles.
 
     folder = write_model_folder(tmp_path / "rwkv7", "rwkv7", size="tiny", seed=0)
     folder = write_model_folder(tmp_path / "mamba2", "mamba2", size="bench")
+    folder = cached_model_folder(cache / "models", "mamba2", "bench", seed=7)  # kept, reused
     model = load_model(folder, "rwkv7")                  # eval mode, float32, runs on the CPU
     hidden, logits = run_model(model, ids)               # [T, hidden], [T, vocab] (NumPy)
 
@@ -34,7 +35,10 @@ whole-sequence runs.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ from helpers.fla_oracle import patch_fla_for_cpu, randomize_
 __all__ = [
     "CONFIGS",
     "RWKV_VOCAB_FILE",
+    "cached_model_folder",
     "load_model",
     "model_class",
     "model_config",
@@ -162,6 +167,33 @@ def write_model_folder(
     model.to(dtype).save_pretrained(folder, **save_kwargs)
     if family == "rwkv7":
         write_rwkv_vocab(folder)
+    return folder
+
+
+def cached_model_folder(
+    root: str | os.PathLike[str], family: str, size: str = "bench", seed: int = 0
+) -> Path:
+    """write_model_folder's folder kept under root and reused by later calls: named by family,
+    size, seed and a key of the config, this module's source and fla's, transformers' and
+    torch's versions; written under a temporary name and renamed once complete, so that
+    concurrent and interrupted runs never see half a folder."""
+    import fla
+    import transformers
+
+    versions = [fla.__version__, transformers.__version__, torch.__version__]
+    src = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    key = json.dumps([CONFIGS[family][size], seed, versions, src], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    folder = Path(root) / f"{family}-{size}-seed{seed}-{digest}"
+    if (folder / "config.json").is_file():
+        return folder
+    tmp = folder.with_name(f"{folder.name}.part{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_model_folder(tmp, family, size, seed=seed)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process renamed its copy first
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

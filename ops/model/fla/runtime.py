@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.blas import _thread_layout
+from linstream.ops.model.protocol import check_token_ids
 
 from .block import Block, Norm, held_arrays
 from .config import FlaConfig, ModelFolderError
@@ -205,27 +206,7 @@ class FlaModel:
         if not hasattr(tokens, "dtype") or not hasattr(tokens, "shape"):
             msg = f"token ids must be a NumPy array, got {type(tokens).__name__}"
             raise TypeError(msg)
-        x = np.asarray(tokens)
-        if x.dtype.kind not in "iu":
-            msg = f"token ids must be an integer array (e.g. int32 or int64), got dtype {x.dtype}"
-            raise TypeError(msg)
-        if x.ndim != 1:
-            msg = f"token ids must be 1-D [T], got shape {x.shape}"
-            raise ValueError(msg)
-        if x.shape[0] == 0:
-            msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
-            raise ValueError(msg)
-        vocab = self.config.common.vocab_size
-        if x.min() < 0 or x.max() >= vocab:
-            bad = np.flatnonzero((x < 0) | (x >= vocab))
-            pos = int(bad[0])
-            msg = (
-                f"unknown token id {int(x[pos])} at position {pos}: the model's vocabulary has "
-                f"{vocab} ids (0 to {vocab - 1})"
-                + (f"; {bad.size} ids out of range in all" if bad.size > 1 else "")
-            )
-            raise ValueError(msg)
-        return x
+        return check_token_ids(np.asarray(tokens), self.config.common.vocab_size)
 
     # -- forward ----------------------------------------------------------------------------
     def hidden_states(
