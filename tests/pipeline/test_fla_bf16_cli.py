@@ -113,3 +113,42 @@ def test_a_model_without_a_bfloat16_mode_is_refused_in_one_line(tmp_path):
     assert "builtin:default computes in float32 or float64" in line
     with pytest.raises(ValueError, match="the bfloat16 mode runs checkpoint folders"):
         embed("hello", "builtin:default", compute_dtype="bfloat16")
+
+
+def test_embed_and_resumable_give_the_command_lines_bfloat16_numbers(tmp_path, monkeypatch):
+    """`embed(..., compute_dtype="bfloat16")` and `Resumable(..., compute_dtype="bfloat16")`
+    give the rows `linstream embed --compute-dtype bfloat16` writes, bit for bit (the same
+    step loads the model in the same mode), and those are not the float32 mode's."""
+    from linstream.ops.model.fla.bf16 import choose_engine
+    from linstream.pipeline import Resumable
+    from linstream.pipeline.io.tokenizers import byte_tokenizer
+
+    folder = tmp_path / "gla"
+    write_folder(folder, {**TINY_CONFIGS["gla"], "vocab_size": 256}, dtype="BF16", seed=7)
+    byte_tokenizer().save(str(folder / "tokenizer.json"))
+    write_texts(tmp_path / "in", {"a.txt": "state from chunk to chunk. " * 5, "b.txt": "é ü " * 9})
+    order = [("seq_id", "ascending"), ("chunk_index", "ascending")]
+    tables, notes = {}, {}
+    for mode in ("float32", "bfloat16"):
+        done = linstream(
+            "embed", "--input", "in", "--output", f"out-{mode}", "--model", str(folder),
+            "--backend", "numpy", "--chunk-tokens", "16", "--runner", "FnApiRunner",
+            "--emit", "mean", "--compute-dtype", mode, cwd=tmp_path, env=ROUNDING,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        tables[mode] = pq.read_table(tmp_path / f"out-{mode}" / "results").sort_by(order)
+        notes[mode] = [ln for ln in done.stderr.splitlines() if "compute dtype" in ln]
+    # the job says how the products run, in one line as it starts (the bfloat16 mode only)
+    note = choose_engine("mkl").note
+    assert notes == {
+        "float32": [],
+        "bfloat16": [f"linstream embed: compute dtype bfloat16: {note}"],
+    }
+    cli = tables["bfloat16"]
+    assert cli.num_rows >= 2 and not cli.equals(tables["float32"])
+    monkeypatch.setenv("LINSTREAM_BF16_PRODUCTS", "mkl")
+    options = {"emit": "mean", "chunk_tokens": 16, "backend": "numpy"}
+    got = embed(tmp_path / "in", str(folder), **options, compute_dtype="bfloat16", as_table=True)
+    assert got.sort_by(order).equals(cli), (got.to_pydict(), cli.to_pydict())
+    with Resumable(tmp_path / "ckpt", str(folder), **options, compute_dtype="bfloat16") as r:
+        assert r.embed(tmp_path / "in", as_table=True).sort_by(order).equals(cli)
