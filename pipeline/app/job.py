@@ -366,9 +366,9 @@ def run_embed(
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
     plan = prepare_output(config, transform.model)  # the last check; overwrite deletes here
-    report = getattr(transform.model, "load_report", None)
-    if getattr(report, "products", ""):  # the bfloat16 mode: how its products run on this CPU
-        say(f"compute dtype {config.compute_dtype}: {report.products}")
+    products = getattr(getattr(transform.model, "load_report", None), "products", "")
+    if products:  # the bfloat16 mode: how its products run on this CPU
+        say(f"compute dtype {config.compute_dtype}: {products}")
     runner = str(opts.get_all_options().get("runner") or "")
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
