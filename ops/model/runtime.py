@@ -110,6 +110,13 @@ def load_model(
         from .fla import load_model as load_folder
 
         return load_folder(source, compute_dtype=compute_dtype)
+    if isinstance(compute_dtype, str) and compute_dtype.strip().lower() in ("bfloat16", "bf16"):
+        label = source if isinstance(source, str) else "<model bytes>"
+        msg = (
+            f"compute_dtype {compute_dtype}: the bfloat16 mode runs checkpoint folders in fla's "
+            f"format; model {label} computes in float32 or float64"
+        )
+        raise ValueError(msg)
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         name = source.removeprefix(BUILTIN_PREFIX)
         available = builtin_models()

@@ -89,6 +89,7 @@ def embed(
     as_table: bool = False,
     progress: bool | None = None,
     return_dead_letters: bool = False,
+    compute_dtype: Any = None,
 ) -> Any:
     """Embed texts, files or token-id arrays; returns a NumPy array or a pyarrow Table.
 
@@ -112,11 +113,13 @@ def embed(
         for clean input) beside the result; the array form then holds the embedded sequences
         in input order (``as_table=True`` names them).  Without it, dead letters raise
         `DeadLetterError` after every input has run (it holds the result and them).
+    compute_dtype: as `linstream embed --compute-dtype` (float32 by default; "bfloat16" for a
+        checkpoint folder), for a model given by name or path (a loaded model keeps its own).
 
     What is passed directly and cannot be embedded (an empty text, token ids outside the
     model's vocabulary) raises ValueError (or TypeError) naming the sequence, before any work.
     """
-    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype)
     return job.run(
         inputs,
         StageConfig(emit=emit),
@@ -153,6 +156,7 @@ class Resumable:
         state_dtype: Any = np.float64,
         checkpoint_every: int = 16,
         restore_fallback: bool = False,
+        compute_dtype: Any = None,
     ) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every!r}"
@@ -160,7 +164,9 @@ class Resumable:
         if checkpoint_every < 1:
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every}"
             raise ValueError(msg)
-        self._job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+        self._job = _Job.make(
+            model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype
+        )
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self._config = StageConfig(
             checkpoint_dir=self.checkpoint_dir,
@@ -220,16 +226,23 @@ class _Job:
         tokenizer: str | None,
         backend: str,
         state_dtype: Any,
+        compute_dtype: Any = None,
     ) -> _Job:
-        from linstream.ops import load_model
         from linstream.pipeline.io.tokenizers import resolve_tokenizer
         from linstream.pipeline.stage.steps import EmbedStep
 
         if emit not in EMITS:
             msg = f"emit: expected one of {', '.join(EMITS)}, got {emit!r}"
             raise ValueError(msg)
+        dtype = np.dtype(state_dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            msg = f"state_dtype: expected float64 or float32, got {dtype}"
+            raise ValueError(msg)
         by_name = isinstance(model, (str, os.PathLike))
-        loaded = load_model(os.fspath(model)) if by_name else model
+        # the step loads a model given by name, in the compute mode (as the job's step does)
+        given = os.fspath(model) if by_name else model
+        step = EmbedStep(given, backend, dtype, compute_dtype=compute_dtype)
+        loaded = step.model
         # Where the model came from (a loaded model's file): the tokenizer its file names.
         source = getattr(loaded, "source", None)
         spec = source if isinstance(source, str) and not source.startswith("<") else None
@@ -237,11 +250,7 @@ class _Job:
         vocab = loaded.config.vocab_size
         if loaded.config.input_kind == "tokens" and vocab is not None:
             tok.check_fits(int(vocab), spec or "the model")
-        dtype = np.dtype(state_dtype)
-        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            msg = f"state_dtype: expected float64 or float32, got {dtype}"
-            raise ValueError(msg)
-        return cls(EmbedStep(loaded, backend, dtype), emit, chunk_tokens, tok)
+        return cls(step, emit, chunk_tokens, tok)
 
     # -- one call -------------------------------------------------------------------------------
     def run(

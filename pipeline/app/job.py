@@ -97,6 +97,7 @@ def embed_transform(config: EmbedConfig, *, total_tokens: int | None = None) -> 
         backend=config.backend,
         state_dtype=config.state_dtype,
         layer=config.layer,
+        compute_dtype=config.compute_dtype,
         stage=config.stage_config(total_tokens=total_tokens),
     )
 
@@ -365,6 +366,9 @@ def run_embed(
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
     plan = prepare_output(config, transform.model)  # the last check; overwrite deletes here
+    products = getattr(getattr(transform.model, "load_report", None), "products", "")
+    if products:  # the bfloat16 mode: how its products run on this CPU
+        say(f"compute dtype {config.compute_dtype}: {products}")
     runner = str(opts.get_all_options().get("runner") or "")
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):

@@ -212,6 +212,13 @@ class EmbedConfig:
     state_dtype: str = _flag(
         "carried state (S, z) dtype", "float64", choices=("float64", "float32")
     )
+    compute_dtype: str = _flag(
+        "the model's compute dtype: float32, float64, or bfloat16 (a checkpoint folder's "
+        "models: weights held in 16 bits, float32 outputs; the state and its checkpoints as "
+        "in float32)",
+        "float32",
+        choices=("float32", "float64", "bfloat16"),
+    )
     num_shards: int = _flag(
         "result files per window (0: the runner decides)",
         0,

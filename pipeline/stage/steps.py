@@ -352,7 +352,10 @@ class EmbedStep(ChunkStep):
     worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose fingerprint
     changed since the job was built.  `layer` (a model that gives every layer's output, as a
     checkpoint folder's does): emit hidden state N (0 the embeddings .. L the final norm, the
-    default) instead.
+    default) instead.  `compute_dtype`: how a spec is loaded (float32 by default, float64, or
+    bfloat16 for a checkpoint folder); a loaded model keeps its own; the workers load the model
+    in that mode too.  Every entry point (the command line's job, `EmbedSequences`, `embed()`
+    and `Resumable`) loads its model here.
     """
 
     def __init__(
@@ -362,6 +365,7 @@ class EmbedStep(ChunkStep):
         state_dtype: Any = np.float64,
         *,
         layer: int | None = None,
+        compute_dtype: Any = None,
     ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
@@ -371,12 +375,14 @@ class EmbedStep(ChunkStep):
 
             self._source: str | bytes | None = model
             # Loaded here too: the fingerprint names the model in checkpoints.
-            loaded = load_model(model)
+            loaded = load_model(model, compute_dtype=compute_dtype or np.float32)
         else:
             self._source = None  # formed from the model when the step is pickled
             loaded = model
         self._model: StreamingModel | None = loaded
-        self.compute_dtype = str(np.dtype(loaded.compute_dtype))
+        # a checkpoint folder's model names its mode (bfloat16 computes in float32)
+        mode = getattr(loaded, "compute_mode", None)
+        self.compute_dtype = str(mode or np.dtype(loaded.compute_dtype))
         self.fingerprint = str(loaded.fingerprint)
         # The built-in model's per-layer states are (S, z) pairs: the stage packs and stacks
         # them itself (`Working`); any other model's go through its stack/unstack_states.

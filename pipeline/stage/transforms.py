@@ -132,6 +132,8 @@ class EmbedSequences(_SequenceTransform):
     themselves (emit="tokens"), the last one (emit="last"), or one mean per finished sequence
     (emit="sequence").  layer: a checkpoint folder's models only, the hidden state to emit (0 the
     embeddings .. L the final norm, the default; as fla's `output_hidden_states` numbers them).
+    compute_dtype: how a model given by its spec is loaded (float32, the default; float64; or
+    bfloat16, a checkpoint folder's models only: weights held in 16 bits, float32 outputs).
     The stage's options are those of `CausalLinearAttention` (the fields of `StageConfig`); a
     whole ``stage=`` keeps its own emit.
     """
@@ -143,10 +145,13 @@ class EmbedSequences(_SequenceTransform):
         backend: str = "auto",
         state_dtype: Any = np.float64,
         layer: int | None = None,
+        compute_dtype: Any = None,
         stage: StageConfig | None = None,
         **options: Any,
     ) -> None:
-        self._embed = EmbedStep(model, backend, state_dtype, layer=layer)
+        self._embed = EmbedStep(
+            model, backend, state_dtype, layer=layer, compute_dtype=compute_dtype
+        )
         if stage is None and "emit" not in options:
             options = {**options, "emit": DEFAULT_EMBED_EMIT}
         super().__init__(self._embed, StageConfig.with_options("EmbedSequences", stage, options))

@@ -688,14 +688,29 @@ def run_fla(
     dtype: torch.dtype = torch.float64,
     splits: list[int] | None = None,
     return_cache: bool = False,
+    linear_inputs: torch.dtype | None = None,
 ) -> Any:
     """fla's hidden states for token ids [T]: a list of L + 1 arrays [T, hidden] as NumPy
     (the embeddings, the outputs of blocks 0..L-2, the final norm of block L-1's output).
     splits: e.g. [37, 38] runs the pieces [0:37], [37:38], [38:T] through fla's own Cache.
-    return_cache: also return fla's cache after the last piece."""
+    return_cache: also return fla's cache after the last piece.  linear_inputs: round the input
+    of every matrix product (`torch.nn.functional.linear`, which fla's projections, gates and
+    MLPs call, fused or not) to this dtype and back (torch.bfloat16: round to nearest even),
+    the rest of the forward in `dtype`."""
     from transformers import AutoModelForCausalLM
 
     patch_fla_for_cpu()
+    if linear_inputs is not None:
+        linear = F.linear
+
+        def rounded(input: Any, weight: Any, bias: Any = None) -> Any:
+            return linear(input.to(linear_inputs).to(input.dtype), weight, bias)
+
+        F.linear = rounded
+        try:
+            return run_fla(folder, ids, dtype, splits, return_cache)
+        finally:
+            F.linear = linear
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     model = model.to(dtype).eval()
     x = torch.as_tensor(ids, dtype=torch.long)[None]

@@ -6,12 +6,13 @@
 
 config          config.json read as fla 0.6.0 reads it; options the runtime lacks are refused
 folder          the folder's files: safetensors (sharded or not), the tokenizer; `load_model`
-tensor_files    safetensors read one tensor at a time, bfloat16 upcast once
+tensor_files    safetensors tensors one at a time in their stored dtype: mapped (local) or read
 runtime         FlaModel: the blocks, one chunk at a time, carried per-layer state
 state           the per-layer state: named arrays of fixed shape
 families        the family modules' interface and its defaults; head layouts, short convs
 block           the model's layout (prefix, embedding, final norm) and fla's standard block
-dense           Dense: every matrix product, made by the load's Weights factory
+dense           Dense: every matrix product, made by the load's Weights factory (the modes)
+bf16            the bfloat16 mode's products: MKL's bfloat16 GEMM, or weights widened
 gla, retnet, delta_net, gated_deltanet, hgrn2
                 one module per model_type: its config keys, tensors and token mixer
 pieces          the layer pieces in NumPy (norms, SwiGLU, short conv, l2 norm, rotary, ...)

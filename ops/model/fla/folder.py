@@ -7,10 +7,14 @@ A folder holds config.json (its model_type names the family), the weights as one
 model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
 tokenizer.json (a folder with only SentencePiece's tokenizer.model loads, and says what to add
 when its tokenizer is asked for).  Weights are read from safetensors only (PyTorch's pickle
-files are refused, never opened), one tensor at a time, upcast once (bfloat16 -> float32, or
-float64 with compute_dtype=np.float64); each layer's projections are fused as the layer is read,
-so the load holds the runtime's weights plus one layer's tensors at most.  The output head
-(lm_head) is not read: the runtime gives hidden states.  Where the tensors are (their prefix,
+files are refused, never opened), one tensor at a time: memory-mapped from a local folder,
+read from a URL's (`tensor_files`).  compute_dtype picks the mode (`dense.Weights`): float32 (the
+default) or float64 hold every weight in that dtype, bfloat16 holds the products' weights and
+the embedding in bfloat16 and computes in float32 (`bf16`); a tensor stored in the dtype it is
+held in stays mapped (a float32 folder in the float32 mode, a bfloat16 folder in the bfloat16
+mode: not copied), any other is converted once as its layer is read, so the load holds the
+runtime's weights plus one layer's converted tensors at most.  The output head (lm_head) is
+not read: the runtime gives hidden states.  Where the tensors are (their prefix,
 the embedding, the final norm, each layer's names and shapes) and how a layer becomes a block is
 the family's (`families.Family`; fla's layout and standard block by default); names and shapes
 are checked against the config before any tensor is read.
@@ -33,13 +37,21 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
+from .bf16 import BF16Unavailable
 from .block import ModelLayout, Norm
 from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
-from .dense import Weights
+from .dense import Weights, compute_mode
 from .families import family
 from .location import FolderLocation
 from .runtime import FlaModel, LoadReport
-from .tensor_files import TensorEntry, TensorFileError, read_header, read_tensor
+from .tensor_files import (
+    TensorEntry,
+    TensorFileError,
+    is_mapped,
+    map_tensor,
+    read_header,
+    read_tensor,
+)
 
 __all__ = ["expected_tensors", "folder_tokenizer", "load_model", "read_folder_config"]
 
@@ -51,16 +63,14 @@ _PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "mo
 
 
 def load_model(
-    path: str | os.PathLike[str], *, compute_dtype: npt.DTypeLike = np.float32
+    path: str | os.PathLike[str], *, compute_dtype: npt.DTypeLike | str = np.float32
 ) -> FlaModel:
-    """The runtime of the checkpoint folder at `path` (see the module docstring)."""
+    """The runtime of the checkpoint folder at `path` (see the module docstring); compute_dtype:
+    float32, float64 or "bfloat16" (a name or a NumPy type, ml_dtypes' bfloat16 too)."""
     t0 = time.perf_counter()
     source = os.fspath(path)
     folder = FolderLocation(source)
-    dt = np.dtype(compute_dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        msg = f"compute_dtype must be float32 or float64, got {dt}"
-        raise TypeError(msg)
+    mode = compute_mode(compute_dtype)
     if not folder.is_dir():
         msg = (
             f"{source}: not a folder (expected a Hugging Face checkpoint folder with "
@@ -74,7 +84,12 @@ def load_model(
     want = expected_tensors(config, prefix)
     _check_entries(entries, want, layout.ignored if prefix else (), source)
     tokenizer, problem = _tokenizer(folder, source)
-    model, report = _build(config, entries, want, prefix, dt, source, folder)
+    try:
+        weights = Weights(mode)
+    except BF16Unavailable as ex:
+        msg = f"{source}: compute_dtype bfloat16: {ex}"
+        raise ModelFolderError(msg) from ex
+    model, report = _build(config, entries, want, prefix, weights, source, folder)
     model.tokenizer_path, model._tokenizer_problem = tokenizer, problem
     report = LoadReport(**{**vars(report), "seconds": time.perf_counter() - t0})
     model.load_report = report
@@ -255,14 +270,13 @@ def _build(
     entries: Mapping[str, TensorEntry],
     want: Mapping[str, tuple[int, ...]],
     prefix: str,
-    dt: np.dtype,
+    weights: Weights,
     source: str,
     folder: FolderLocation,
 ) -> tuple[FlaModel, LoadReport]:
     c: CommonConfig = config.common
     fam = family(c.family)
     layout = fam.layout(config.layer, c)
-    weights = Weights(dt)
     digests: dict[str, str] = {}
     transient = 0
     with ExitStack() as stack:
@@ -270,27 +284,36 @@ def _build(
 
         def read(name: str) -> np.ndarray:
             e = entries[name]
-            if e.path not in files:
-                files[e.path] = stack.enter_context(folder.open(e.path))
             try:
-                return read_tensor(files[e.path], e, dt, digests)
+                if folder.is_local:
+                    return map_tensor(e, digests)
+                if e.path not in files:
+                    files[e.path] = stack.enter_context(folder.open(e.path))
+                return read_tensor(files[e.path], e, digests)
             except TensorFileError as ex:
                 raise ModelFolderError(str(ex)) from ex
 
-        embed = weights.array(read(f"{prefix}{layout.embedding}"))
+        def step(before: int) -> None:  # what one step converted lived beside the weights
+            nonlocal transient
+            transient = max(transient, weights.converted_bytes - before)
+
+        n0 = weights.converted_bytes
+        embed = weights.table(read(f"{prefix}{layout.embedding}"))
+        step(n0)
+        n0 = weights.converted_bytes
         norm = layout.final_norm.tensors(c.hidden_size)
         final = Norm.build(
             layout.final_norm, {n: read(f"{prefix}{n}") for n in norm}, weights, c.norm_eps
         )
         extra = {n: read(f"{prefix}{n}") for n in fam.model_tensors(config.layer, c)}
         blocks = []
-        max_raw = max(e.nbytes for n, e in entries.items() if n in want)
         for i in range(c.num_layers):
             p = _layer_prefix(layout, prefix, i)
             raw = {n: read(f"{p}{n}") for n in fam.layer_tensors(config.layer, c, i)}
-            transient = max(transient, sum(a.nbytes for a in raw.values()) + max_raw)
             blocks.append(fam.build_block(config.layer, c, raw, weights, i, extra))
             del raw
+            step(n0)
+            n0 = weights.converted_bytes
     model = FlaModel(
         config,
         embed,
@@ -298,6 +321,7 @@ def _build(
         final,
         fingerprint=_fingerprint(config, entries, want, prefix, digests),
         source=source,
+        compute_mode=weights.mode,
     )
     used = [entries[n] for n in want]
     report = LoadReport(
@@ -308,10 +332,12 @@ def _build(
         disk_bytes=sum(e.nbytes for e in used),
         disk_dtypes=tuple(sorted({e.dtype for e in used})),
         held_bytes=model.held_bytes(),
-        compute_dtype=str(dt),
+        compute_dtype=weights.mode,
         transient_bytes=transient,
         peak_rss_bytes=_peak_rss(),
         seconds=0.0,
+        mapped_bytes=sum(int(a.nbytes) for a in model.held_arrays() if is_mapped(a)),
+        products=weights.engine.note if weights.engine is not None else "",
     )
     return model, report
 

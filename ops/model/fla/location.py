@@ -1,7 +1,8 @@
 """Where a checkpoint folder lies: a local path, or a URL of any filesystem fsspec knows
 (``gs://bucket/models/gla-1.3B/``, ``s3://``, ``memory://``; gcsfs or s3fs installed by the
 ``gcp`` / ``aws`` extras).  The loader asks it for the few files it reads; safetensors files are
-opened as seekable binary files and read one tensor at a time either way.
+mapped one tensor at a time from a local folder (`tensor_files.map_tensor`), opened as seekable
+binary files and read one tensor at a time from a URL's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class FolderLocation:
             self.root = str(root).rstrip("/")
         else:
             self.root = source.removeprefix("file://")
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the folder is on this machine's filesystem (its files can be mapped)."""
+        return self._fs is None
 
     def path(self, name: str) -> str:
         """The path (local, or in the URL's filesystem) of the folder's file ``name``."""

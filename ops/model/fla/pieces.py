@@ -153,7 +153,10 @@ def short_conv(
         y_t[d] = Σ_j w[d, j] · x_{t−W+1+j}[d]          (then SiLU if silu_after)
 
     Returns (y [T, D] in x's dtype, the new tail [W−1, D] in tail's dtype: the last W−1 raw
-    inputs, the chunk's own or, for a chunk shorter than W−1, partly the old tail's)."""
+    inputs, the chunk's own or, for a chunk shorter than W−1, partly the old tail's).  One fused
+    pass (`fused.short_conv`) for 2-D float32/float64 x."""
+    if x.ndim == 2 and x.dtype in (np.float32, np.float64) and w.shape[1] > 1:
+        return fused.short_conv(x, tail, w, silu_after)
     t = x.shape[0]
     width = w.shape[1]
     xt = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=0)  # [W−1+T, D]

@@ -13,8 +13,9 @@ embeddings, the outputs of blocks 0..L−2, the final-norm output of block L−1
 `embed_chunk(..., layer=N)` one of them.
 Embedding a sequence chunk by chunk gives the same outputs as in one piece, for any split: the
 states carry everything the past contributes (the recurrent states, the short convolutions' last
-inputs, the position).  Products are `dense.Dense` (BLAS) in the compute dtype (float32 by
-default, float64 selectable), with BLAS held at one thread and a long chunk's rows in ranges
+inputs, the position).  Products are `dense.Dense` in the compute mode (float32 by default,
+float64, or bfloat16: weights held in 16 bits, float32 activations; `dense`, `bf16`), with BLAS
+held at one thread and a long chunk's rows in ranges
 fixed by its length, run on the process's threads (`linstream.ops.model.blas`, shared with the
 built-in model: the bits do not depend on the thread count, and on a shared machine no call
 waits for a thread that is not running); the recurrences are the Numba CPU kernels of
@@ -44,9 +45,11 @@ HOST_BACKENDS = ("auto", "numba", "numpy")
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a load read and holds.  `transient_bytes` bounds what the load held beyond the
-    weights at any moment (one layer's tensors before they are fused, plus one tensor's raw
-    bytes); `peak_rss_bytes` is the process's high-water mark after the load (the OS's)."""
+    """What a load read and holds.  `held_bytes`: the weights as the runtime holds them
+    (`mapped_bytes` of it the file's own pages, mapped, not copied); `transient_bytes` bounds
+    what the load held beyond them at any moment (one layer's tensors that were converted);
+    `peak_rss_bytes` is the process's high-water mark after the load (the OS's); `products`:
+    how the compute mode forms its matrix products (the bfloat16 mode's engine line)."""
 
     source: str
     family: str
@@ -59,16 +62,20 @@ class LoadReport:
     transient_bytes: int
     peak_rss_bytes: int
     seconds: float
+    mapped_bytes: int = 0
+    products: str = ""
 
     def __str__(self) -> str:
         mib = 1 << 20
+        mapped = f", {self.mapped_bytes / mib:.1f} MiB of it mapped" if self.mapped_bytes else ""
         return (
             f"{self.source}: {self.family} model, {self.parameters / 1e6:.1f}M parameters from "
             f"{self.files} file(s) ({self.disk_bytes / mib:.1f} MiB of "
             f"{'/'.join(self.disk_dtypes)}), "
-            f"held as {self.held_bytes / mib:.1f} MiB of {self.compute_dtype}; at most "
-            f"{self.transient_bytes / mib:.1f} MiB more during the load (one layer at a time); "
-            f"process peak RSS {self.peak_rss_bytes / mib:.0f} MiB; {self.seconds:.1f} s"
+            f"held as {self.held_bytes / mib:.1f} MiB for {self.compute_dtype} compute{mapped}; "
+            f"at most {self.transient_bytes / mib:.1f} MiB more during the load (one layer at a "
+            f"time); process peak RSS {self.peak_rss_bytes / mib:.0f} MiB; {self.seconds:.1f} s"
+            + (f"; {self.products}" if self.products else "")
         )
 
 
@@ -93,9 +100,13 @@ class FlaModel:
         tokenizer_path: str | None = None,
         tokenizer_problem: str | None = None,
         load_report: LoadReport | None = None,
+        compute_mode: str | None = None,
     ) -> None:
         self.config = config
-        self.compute_dtype = np.dtype(embed.dtype)
+        #: "float32", "float64" or "bfloat16" (load_model's compute_dtype)
+        self.compute_mode = compute_mode or np.dtype(embed.dtype).name
+        #: the dtype of the activations and outputs (float32 in the bfloat16 mode)
+        self.compute_dtype = np.dtype(np.float64 if self.compute_mode == "float64" else np.float32)
         self.source = source
         self.fingerprint = fingerprint
         self.tokenizer_path = tokenizer_path
@@ -110,7 +121,7 @@ class FlaModel:
         c = self.config.common
         return (
             f"FlaModel({self.source!r}, {c.family}, hidden={c.hidden_size}, layers={c.num_layers}, "
-            f"{self.compute_dtype}, fingerprint={self.fingerprint[:12]})"
+            f"{self.compute_mode}, fingerprint={self.fingerprint[:12]})"
         )
 
     @property
@@ -121,10 +132,13 @@ class FlaModel:
     def num_layers(self) -> int:
         return self.config.common.num_layers
 
+    def held_arrays(self) -> list[np.ndarray]:
+        """The weights the runtime holds (the embedding, the final norm's, every block's)."""
+        return [self._embed, *held_arrays(self._final), *held_arrays(self._blocks)]
+
     def held_bytes(self) -> int:
-        """Bytes of the weights the runtime holds (in the compute dtype)."""
-        arrays = [self._embed, *held_arrays(self._final), *held_arrays(self._blocks)]
-        return sum(int(a.nbytes) for a in arrays)
+        """Bytes of the weights the runtime holds (as held: float32, float64 or bfloat16)."""
+        return sum(int(a.nbytes) for a in self.held_arrays())
 
     def tokenizer_file(self) -> str:
         """The folder's tokenizer.json, or ModelFolderError saying what to add."""
@@ -249,7 +263,7 @@ class FlaModel:
         ids = self._prepare(tokens)
         st = self.initial_states() if states is None else self._check_states(states)
         n = len(self._blocks)
-        x = self._embed[ids]
+        x = self._embed[ids].astype(self.compute_dtype, copy=False)
         out = [x] if keep in (None, 0) else []
         new = []
         carry: dict[str, Any] = {}  # what a block hands later blocks within this chunk

@@ -1,40 +1,55 @@
-"""safetensors files read one tensor at a time, upcast once, with bounded memory.
+"""safetensors files read one tensor at a time in their stored dtype: memory-mapped where the
+file is local, read into memory where it is a URL (fsspec), checked and hashed either way.
 
     entries = read_header(path)                    # name -> TensorEntry, checked, nothing read
-    with open(path, "rb") as f:
-        arr = read_tensor(f, entries[name], np.float32, digests)
+    arr = map_tensor(entries[name], digests)       # local: a read-only view of the file's pages
+    with open(path, "rb") as f:                    # a URL's file (or any seekable one)
+        arr = read_tensor(f, entries[name], digests)
 
-Published fla checkpoints store bfloat16, which NumPy has no type for (and safetensors' NumPy
-reader refuses): the raw bits are read into a uint16 buffer and widened to float32 by a 16-bit
-shift (exact: every bfloat16 is a float32 with the low 16 mantissa bits zero), then to float64 if
-asked.  Each tensor is read with one `readinto` into its own buffer; nothing maps the whole file,
-so the process holds the converted weights plus at most one tensor's raw bytes.  The header is
-untrusted input: its size, JSON, dtypes, shapes and byte ranges are checked before any tensor is
-read, and every refusal names the file and the tensor.  Every tensor's raw bytes are hashed as
-they are read (the model's weight digest).
+A tensor comes back as a NumPy array of its stored dtype (float32, float16, float64, or
+bfloat16 as `ml_dtypes.bfloat16`: the raw bits, which NumPy alone has no type for), never
+converted: what the runtime holds (mapped as stored, or converted into its compute dtype) is the
+weights factory's choice (`dense.Weights`).  A mapped tensor is its own mapping of the file's
+byte range (`mmap`, read-only), so the pages it touches count in the process's memory only while
+the array (or a view of it) lives: a tensor that is converted and dropped leaves nothing behind.
+The header is untrusted input: its size, JSON, dtypes, shapes and byte ranges are checked
+before any tensor is read, and every refusal names the file and the tensor.  Every tensor's
+stored bytes are hashed (sha256, the model's weight digest) and checked finite as they are
+read, a block at a time (no temporary of the tensor's size).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["RAW_DTYPES", "TensorEntry", "TensorFileError", "read_header", "read_tensor"]
+__all__ = [
+    "STORED_DTYPES",
+    "TensorEntry",
+    "TensorFileError",
+    "is_mapped",
+    "map_tensor",
+    "read_header",
+    "read_tensor",
+]
 
 _MAX_HEADER = 100 << 20  # a 1.3B model's header is ~50 KB; refuse absurd sizes before parsing
-#: safetensors dtype -> (bytes per element, the NumPy type its raw bits are read as)
-RAW_DTYPES: dict[str, tuple[int, Any]] = {
-    "BF16": (2, np.uint16),
-    "F16": (2, np.float16),
-    "F32": (4, np.float32),
-    "F64": (8, np.float64),
+#: safetensors dtype -> the NumPy dtype of its stored values (little-endian, as the format says)
+STORED_DTYPES: dict[str, np.dtype] = {
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
 }
+_BLOCK = 1 << 24  # bytes hashed and checked finite at a time
 
 
 class TensorFileError(ValueError):
@@ -109,8 +124,8 @@ def _entry(path: str, name: str, info: Any, base: int, size: int) -> TensorEntry
         msg = f"{where} has a malformed header entry"
         raise TensorFileError(msg)
     dtype = info.get("dtype")
-    if dtype not in RAW_DTYPES:
-        msg = f"{where} has dtype {dtype}; expected one of {list(RAW_DTYPES)} (float weights)"
+    if dtype not in STORED_DTYPES:
+        msg = f"{where} has dtype {dtype}; expected one of {list(STORED_DTYPES)} (float weights)"
         raise TensorFileError(msg)
     shape: Any = info.get("shape")
     offsets: Any = info.get("data_offsets")
@@ -124,7 +139,7 @@ def _entry(path: str, name: str, info: Any, base: int, size: int) -> TensorEntry
         msg = f"{where} has a malformed shape {shape!r} or data_offsets {offsets!r}"
         raise TensorFileError(msg)
     begin, end = offsets
-    want = int(np.prod(shape, dtype=np.int64)) * RAW_DTYPES[dtype][0]
+    want = int(np.prod(shape, dtype=np.int64)) * STORED_DTYPES[dtype].itemsize
     if end - begin != want or base + end > size:
         msg = (
             f"{where}: bytes [{begin}, {end}) do not hold a {dtype} tensor of shape {shape} "
@@ -134,16 +149,49 @@ def _entry(path: str, name: str, info: Any, base: int, size: int) -> TensorEntry
     return TensorEntry(name, path, dtype, tuple(shape), base + begin, base + end)
 
 
-def read_tensor(
-    f: Any, entry: TensorEntry, dtype: Any, digests: dict[str, str] | None = None
-) -> np.ndarray:
-    """The tensor as a new array in dtype (float32 or float64), finite, or TensorFileError.
+def map_tensor(entry: TensorEntry, digests: dict[str, str] | None = None) -> np.ndarray:
+    """The tensor of a local file as a read-only array of its stored dtype over the file's pages
+    (its own mapping, released with the array), checked finite, or TensorFileError.  digests:
+    if given, receives the sha256 of the tensor's stored bytes under its name."""
+    gran = mmap.ALLOCATIONGRANULARITY
+    base = entry.start - entry.start % gran
+    try:
+        with open(entry.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if entry.end > size:
+                msg = (
+                    f"{entry.path}: tensor {entry.name!r} is truncated (the file has {size} bytes)"
+                )
+                raise TensorFileError(msg)
+            if entry.nbytes == 0:
+                return _checked(np.empty(entry.shape, STORED_DTYPES[entry.dtype]), entry, digests)
+            mapped = mmap.mmap(f.fileno(), entry.end - base, offset=base, access=mmap.ACCESS_READ)
+    except OSError as ex:
+        msg = f"{entry.path}: tensor {entry.name!r} cannot be mapped ({ex})"
+        raise TensorFileError(msg) from ex
+    arr = np.frombuffer(
+        mapped, STORED_DTYPES[entry.dtype], count=entry.size, offset=entry.start - base
+    ).reshape(entry.shape)
+    return _checked(arr, entry, digests)
+
+
+def is_mapped(arr: np.ndarray) -> bool:
+    """Whether arr (or the array it views) lies in a file's mapping (`map_tensor`)."""
+    base: Any = arr
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
+def read_tensor(f: Any, entry: TensorEntry, digests: dict[str, str] | None = None) -> np.ndarray:
+    """The tensor as a new array of its stored dtype, checked finite, or TensorFileError.
 
     f: the entry's file, opened in binary mode (read with seek and readinto).  digests: if
-    given, receives the sha256 of the tensor's raw bytes under its name."""
-    raw_type = RAW_DTYPES[entry.dtype][1]
-    raw = np.empty(entry.size, dtype=raw_type)
-    view = memoryview(raw.data).cast("B")
+    given, receives the sha256 of the tensor's stored bytes under its name."""
+    arr = np.empty(entry.shape, STORED_DTYPES[entry.dtype])
+    view = memoryview(arr.reshape(-1).view(np.uint8).data)
     f.seek(entry.start)
     got = 0
     while got < entry.nbytes:
@@ -154,22 +202,27 @@ def read_tensor(
             )
             raise TensorFileError(msg)
         got += n
-    if digests is not None:
-        digests[entry.name] = hashlib.sha256(view).hexdigest()
     del view
-    if entry.dtype == "BF16":
-        wide = raw.astype(np.uint32)
-        del raw
-        wide <<= 16
-        arr = wide.view(np.float32)
-    else:
-        arr = raw
-    arr = arr.astype(dtype, copy=False).reshape(entry.shape)
-    if not np.isfinite(arr).all():
-        bad = np.argwhere(~np.isfinite(arr))[0]
-        msg = (
-            f"{entry.path}: tensor {entry.name!r} holds {arr[tuple(bad)]} at index "
-            f"{tuple(int(i) for i in bad)}; weights must be finite"
-        )
-        raise TensorFileError(msg)
+    return _checked(arr, entry, digests)
+
+
+def _checked(arr: np.ndarray, entry: TensorEntry, digests: dict[str, str] | None) -> np.ndarray:
+    """arr, its bytes hashed into digests and its values checked finite, a block at a time."""
+    flat = arr.reshape(-1)
+    h = hashlib.sha256()
+    step = max(1, _BLOCK // max(1, arr.itemsize))
+    for i in range(0, flat.size, step):
+        block = flat[i : i + step]
+        h.update(block.view(np.uint8).data)
+        ok = np.isfinite(block)
+        if not ok.all():
+            j = i + int(np.argmin(ok))
+            bad = np.unravel_index(j, arr.shape)
+            msg = (
+                f"{entry.path}: tensor {entry.name!r} holds {float(flat[j])} at index "
+                f"{tuple(int(b) for b in bad)}; weights must be finite"
+            )
+            raise TensorFileError(msg)
+    if digests is not None:
+        digests[entry.name] = h.hexdigest()
     return arr

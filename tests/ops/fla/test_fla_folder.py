@@ -330,7 +330,8 @@ def test_load_model_routes_a_folder_and_its_url_to_the_same_model(tmp_path):
 
 
 # -- threads -------------------------------------------------------------------------------------
-_CUTS = (0, 300, 4400)  # a chunk of two row ranges, then one of four (threads.row_ranges)
+# a chunk of one row range (its products split by columns), of two row ranges, of four
+_CUTS = (0, 100, 400, 4500)
 _THREADS_SCRIPT = """
 import itertools, sys
 import numpy as np
@@ -358,7 +359,8 @@ def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_p
     """A product over some rows is not bit-equal to the same rows of a product over all of them
     (BLAS treats a block's tail rows, and each of its threads' shares, differently), so the
     runtime holds BLAS at one thread (NumPy's, and SciPy's, which the Numba kernels call) and
-    cuts a long chunk's rows into ranges fixed by its length alone: the outputs and states are
+    cuts a long chunk's rows into ranges fixed by its length alone (a short chunk's products:
+    their output columns, by the width alone): the outputs and states are
     the same bits on 1, 2 or 3 threads, in a second process with OPENBLAS_NUM_THREADS=1, and
     when the caller runs every range itself in another order (a helper that never gets a
     core)."""

@@ -1,0 +1,295 @@
+"""Benchmark: the fla runtime against the machine, per family in one run: tokens/s in float32
+and bfloat16 compute, the share of the float32 GEMM rate the forward reaches (the GEMM measured
+in the same process on the model's own product shapes), where the rest of the time goes, 64-
+against 2,048-token chunks, fla's CPU forward on the same folder, the bfloat16 mode's error
+against it, and a mapped load's time and memory.
+
+    .venv/bin/python -m pytest tests/bench/test_bench_fla_roof.py -m bench -s -p no:randomly
+    LINSTREAM_BENCH_SIZE=tiny .venv/bin/python -m pytest tests/bench/test_bench_fla_roof.py \\
+        -m bench -s -p no:randomly          # a smoke run: tiny models, proves it runs
+
+Each (family, mode) runs in a fresh process on the same random bfloat16 folder (~110M
+parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 threads:
+
+- tokens/s: ROUNDS rounds, each one CHUNK-token chunk then CHUNK tokens in SMALL-token chunks,
+  both carrying their own state, after a warm-up of each (Numba's compilation); the small/large
+  ratio comes from the same rounds, so a busy machine slows both alike.
+- the roof: every product of one large chunk is recorded (its rows, in, out: the model's own
+  shapes); NumPy's float32 GEMM of each distinct shape (best of 3, BLAS at 2 threads or at 1,
+  whichever is faster) gives the time the products alone would take at the GEMM's rate;
+  roof = their FLOPs / that time; achieved = their FLOPs per chunk at the rounds' tokens/s;
+  share = achieved / roof (the bfloat16 mode against the same float32 roof).
+- the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
+  and activations, layout copies, other).
+- fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
+  carrying its cache, cold and warm (see test_bench_fla.py); its first chunk's hidden states are
+  the reference for each mode's error (rms of the difference over the rms of fla's).
+- the mapped load (`test_bench_mapped_load`): a ~1.3B GLA folder in bfloat16 loaded in the
+  bfloat16 mode in a fresh process: seconds, the weights as held, the growth of the process's
+  high-water mark and of its anonymous memory (a mapped load adds file pages, not copies).
+
+On a CPU without bfloat16 matrix instructions (AVX512_BF16, AMX-BF16) the bfloat16 mode widens
+its weights per product: about the float32 mode's speed with half the weights' memory; the table
+says which engine ran.  Nothing is asserted about speed but the small-chunk ratio (≥ 0.5 at the
+bench size); the figures go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SIZE = os.environ.get("LINSTREAM_BENCH_SIZE", "bench")
+SEED = 7
+ROUNDS = 3
+if SIZE == "tiny":
+    CHUNK, SMALL, VOCAB = 256, 16, 500
+    CONFIGS = {
+        "gla": {"model_type": "gla", "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2,
+                "expand_k": 0.5, "expand_v": 1.0, "vocab_size": VOCAB},
+        "delta_net": {"model_type": "delta_net", "hidden_size": 64, "num_hidden_layers": 2,
+                      "num_heads": 2, "vocab_size": VOCAB},
+    }  # fmt: skip
+    BIG = {"model_type": "gla", "hidden_size": 128, "num_hidden_layers": 2, "num_heads": 4,
+           "expand_k": 0.5, "expand_v": 1.0, "vocab_size": VOCAB}  # fmt: skip
+else:
+    CHUNK, SMALL, VOCAB = 2048, 64, 32000
+    CONFIGS = {  # ~110M parameters each (85M without the embeddings)
+        "gla": {"model_type": "gla", "hidden_size": 768, "num_hidden_layers": 12, "num_heads": 4,
+                "expand_k": 0.5, "expand_v": 1.0, "vocab_size": VOCAB},
+        "delta_net": {"model_type": "delta_net", "hidden_size": 768, "num_hidden_layers": 12,
+                      "num_heads": 12, "vocab_size": VOCAB},
+    }  # fmt: skip
+    # fla-hub/gla-1.3B's shape: 1.37B parameters, 2.6 GB in bfloat16
+    BIG = {"model_type": "gla", "hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 4,
+           "expand_k": 0.5, "expand_v": 1.0, "vocab_size": VOCAB}  # fmt: skip
+MODES = ("float32", "bfloat16")
+SMALL_RATIO = 0.5  # 64-token chunks keep at least half the 2,048-token chunks' tokens/s
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _tokens(n: int) -> np.ndarray:
+    return np.random.default_rng(SEED).integers(0, VOCAB, n)
+
+
+# -- children ----------------------------------------------------------------------------------
+def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
+    """(the products' FLOPs, the seconds NumPy's float32 GEMM takes for them: per shape the best
+    of 3 with BLAS at 2 threads and at 1, whichever is faster)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    flops = seconds = 0.0
+    for (t, k, n), count in shapes.items():
+        x = rng.standard_normal((t, k), dtype=np.float32)
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        best = float("inf")
+        for threads in (2, 1):
+            with threadpool_limits(threads, user_api="blas"):
+                x @ w.T
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    x @ w.T
+                    best = min(best, time.perf_counter() - t0)
+        flops += 2.0 * t * k * n * count
+        seconds += best * count
+    return flops, seconds
+
+
+def run_mode(folder: str, mode: str) -> dict:
+    from helpers.fla_profile import Profile
+    from linstream.ops.model.fla import dense, load_model
+
+    model = load_model(folder, compute_dtype=mode)
+    ids = _tokens(CHUNK * (ROUNDS + 2))
+    first, _ = model.embed_chunk(ids[:CHUNK], None)  # warm-up: compiles the kernels
+    np.save(Path(folder) / f"linstream_{mode}.npy", first)
+    model.embed_chunk(ids[:SMALL], None)
+    big_s = small_s = 0.0
+    big_state = small_state = None
+    for r in range(ROUNDS):
+        part = ids[(r + 1) * CHUNK : (r + 2) * CHUNK]
+        t0 = time.perf_counter()
+        _, big_state = model.embed_chunk(part, big_state)
+        big_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for a in range(0, CHUNK, SMALL):
+            _, small_state = model.embed_chunk(part[a : a + SMALL], small_state)
+        small_s += time.perf_counter() - t0
+    # the products of one large chunk: their shapes (the roof) and the profile
+    shapes: dict[tuple[int, int, int], int] = {}
+    call = dense.Dense.__call__
+
+    def recorded(self, x):
+        key = (int(x.shape[0]), self.shape[1], self.shape[0])
+        shapes[key] = shapes.get(key, 0) + 1
+        return call(self, x)
+
+    dense.Dense.__call__ = recorded
+    try:
+        with Profile() as prof:
+            t0 = time.perf_counter()
+            model.embed_chunk(ids[:CHUNK], None)
+            wall = time.perf_counter() - t0
+    finally:
+        dense.Dense.__call__ = call
+    flops, roof_s = _gemm_roof(shapes)
+    report = model.load_report
+    return {
+        "tokens_per_s": ROUNDS * CHUNK / big_s,
+        "small_tokens_per_s": ROUNDS * CHUNK / small_s,
+        "achieved_gflops": flops * (ROUNDS / big_s) / 1e9,  # the rounds' chunks per second
+        "roof_gflops": flops / roof_s / 1e9,
+        "profile": prof.shares(wall),
+        "held_bytes": report.held_bytes,
+        "parameters": report.parameters,
+        "engine": report.products or "NumPy's float32 BLAS",
+        "peak_rss": _status("VmHWM"),
+    }
+
+
+def run_fla(folder: str) -> dict:
+    import torch
+    from helpers.fla_oracle import patch_fla_for_cpu
+    from transformers import AutoModel
+
+    patch_fla_for_cpu()
+    torch.set_num_threads(2)
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.as_tensor(_tokens(2 * CHUNK))[None]
+    out: dict = {}
+    with torch.no_grad():
+        cache = None
+        for name, part in (("cold", ids[:, :CHUNK]), ("warm", ids[:, CHUNK:])):
+            t0 = time.perf_counter()
+            res = model(part, past_key_values=cache, use_cache=True)
+            out[name] = CHUNK / (time.perf_counter() - t0)
+            cache = res.past_key_values
+            if name == "cold":
+                np.save(Path(folder) / "fla.npy", res.last_hidden_state[0].numpy())
+    return {**out, "peak_rss": _status("VmHWM")}
+
+
+def run_load(folder: str) -> dict:
+    import linstream.ops.model.fla.gla  # noqa: F401  (the modules a load imports, first)
+    from linstream.ops.model.fla import load_model
+
+    before = {k: _status(k) for k in ("VmHWM", "RssAnon")}
+    t0 = time.perf_counter()
+    model = load_model(folder, compute_dtype="bfloat16")
+    seconds = time.perf_counter() - t0
+    r = model.load_report
+    grew = {k: _status(k) - v for k, v in before.items()}
+    return {"seconds": seconds, "held": r.held_bytes, "mapped": r.mapped_bytes,
+            "disk": r.disk_bytes, "parameters": r.parameters, **grew}  # fmt: skip
+
+
+CHILDREN = {"mode": run_mode, "fla": run_fla, "load": run_load}
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+def _run(*args: str) -> dict:
+    tests_dir = str(Path(__file__).resolve().parents[1])  # the child imports helpers.*
+    r = subprocess.run(
+        [sys.executable, __file__, *args],
+        capture_output=True, text=True, check=False, timeout=3600,
+        env={**os.environ, "PYTHONPATH": tests_dir},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    d = np.asarray(a, np.float64) - b
+    return float(np.sqrt(np.mean(d * d) / np.mean(np.asarray(b, np.float64) ** 2)))
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+@pytest.mark.bench
+def test_bench_fla_roof(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("fla")
+    pytest.importorskip("threadpoolctl")
+    from helpers.fla_folders import write_folder
+
+    mib = 1 << 20
+    lines = [
+        f"{CHUNK}-token chunks ({SMALL}-token for the small-chunk column), 2 threads; "
+        f"{os.cpu_count()} CPUs; load average at the start {_load()}",
+        "",
+        "| model | mode | tok/s | tok/s at small chunks (ratio) | GFLOP/s achieved / GEMM roof "
+        "(share) | time: products / recurrence / norms+act / layout / other | fla tok/s (cold / "
+        "warm) | error vs fla float32 | weights held |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    engines, ratios = set(), {}
+    for family, cfg in CONFIGS.items():
+        folder = write_folder(tmp_path / family, cfg, dtype="BF16", seed=SEED)
+        fla = _run("fla", str(folder))
+        ref = np.load(folder / "fla.npy")
+        for mode in MODES:
+            r = _run("mode", str(folder), mode)
+            print(family, mode, json.dumps(r))
+            engines.add(r["engine"])
+            err = _rel_rms(np.load(folder / f"linstream_{mode}.npy"), ref)
+            ratio = r["small_tokens_per_s"] / r["tokens_per_s"]
+            ratios[family, mode] = ratio
+            p = r["profile"]
+            prof = " / ".join(
+                f"{p[k]:.0%}"
+                for k in ("products", "recurrence", "norms and activations", "layout copies")
+            )
+            lines.append(
+                f"| {family} ({r['parameters'] / 1e6:.1f}M) | {mode} | {r['tokens_per_s']:.0f} | "
+                f"{r['small_tokens_per_s']:.0f} ({ratio:.2f}) | {r['achieved_gflops']:.0f} / "
+                f"{r['roof_gflops']:.0f} ({r['achieved_gflops'] / r['roof_gflops']:.0%}) | "
+                f"{prof} / {p['other']:.0%} | {fla['cold']:.0f} / {fla['warm']:.0f} | "
+                f"{err:.2e} | {r['held_bytes'] / mib:.0f} MiB |"
+            )
+    lines += ["", *(f"engine: {e}" for e in sorted(engines)), f"load average at the end {_load()}"]
+    print("\n" + "\n".join(lines))
+    if SIZE != "tiny":  # at the tiny size a chunk is too short to be anyone's workload
+        for key, ratio in ratios.items():
+            assert ratio >= SMALL_RATIO, (key, ratio)
+
+
+@pytest.mark.bench
+def test_bench_mapped_load(tmp_path):
+    """A ~1.3B folder (2.6 GB of bfloat16; writing it holds ~6 GiB of float32 in this process
+    for a minute) loaded in the bfloat16 mode in a fresh process: its time (the file just
+    written: from the page cache) and its memory against the weights as held."""
+    from helpers.fla_folders import write_folder
+
+    folder = write_folder(tmp_path / "big", BIG, dtype="BF16", seed=SEED, shards=4)
+    r = _run("load", str(folder))
+    gib = 1 << 30
+    print(
+        f"\nmapped load, {r['parameters'] / 1e9:.2f}B parameters, {r['disk'] / gib:.2f} GiB of "
+        f"bfloat16: {r['seconds']:.1f} s; held {r['held'] / gib:.2f} GiB "
+        f"({r['mapped'] / gib:.2f} mapped); high-water mark grew {r['VmHWM'] / gib:.2f} GiB "
+        f"({r['VmHWM'] / r['held']:.2f}x the held weights), anonymous memory "
+        f"{r['RssAnon'] / (1 << 20):.0f} MiB; load average {_load()}"
+    )
+    if SIZE != "tiny":  # a tiny folder's weights are smaller than what any load allocates
+        assert r["VmHWM"] <= 1.1 * r["held"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(CHILDREN[sys.argv[1]](*sys.argv[2:])))

@@ -1,0 +1,107 @@
+"""Where a loaded fla model's forward spends its time, by kind of work, for the benchmarks.
+
+    with Profile() as prof:                 # wraps the runtime's functions in this process
+        model.embed_chunk(ids, states)
+    prof.seconds   # {"products": s, "recurrence": s, "norms and activations": s,
+                   #  "layout copies": s}; the rest of the wall time is "other"
+
+Each kind is the wall time of the outermost calls of its functions on the calling thread (a
+product's row ranges run on helper threads inside its call; a norm calling another norm counts
+once):
+
+- products: every `dense.Dense` call (BLAS, or the bfloat16 products);
+- recurrence: the kernels the family modules import from `linstream.ops` (outside
+  `linstream.ops.model`: the decay, delta and rule kernels), found by their module, so a new
+  family's kernel is counted without a line here;
+- norms and activations: the functions of `pieces` and `fused` as each module calls them;
+- layout copies: `families.head_major` / `row_major`;
+- other (wall time minus the kinds): the embedding lookup, residual adds, dtype casts, state
+  copies and the Python between the calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+KINDS = ("products", "recurrence", "norms and activations", "layout copies")
+_LAYOUT = ("head_major", "row_major")
+_KERNELS = [["linstream", "ops", k] for k in ("additive", "decay", "delta", "rules")]
+
+
+class Profile:
+    """Wraps the runtime's functions while inside the `with` block (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.calls = dict.fromkeys(KINDS, 0)
+        self.by_function: dict[str, float] = {}
+        self._depth = threading.local()
+        self._undo: list[Callable[[], None]] = []
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.calls = dict.fromkeys(KINDS, 0)
+        self.by_function = {}
+
+    def _wrap(self, kind: str, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        depth, seconds, calls = self._depth, self, self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            d = getattr(depth, "n", 0)
+            depth.n = d + 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.n = d
+                if d == 0:
+                    dt = time.perf_counter() - t0
+                    seconds.seconds[kind] += dt
+                    calls.calls[kind] += 1
+                    seconds.by_function[name] = seconds.by_function.get(name, 0.0) + dt
+
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def _patch(self, owner: Any, name: str, kind: str) -> None:
+        old = getattr(owner, name)
+        setattr(owner, name, self._wrap(kind, old, name))
+        self._undo.append(lambda: setattr(owner, name, old))
+
+    def __enter__(self) -> Profile:
+        from linstream.ops.model import fla
+        from linstream.ops.model.fla import dense, fused, pieces
+
+        self._patch(dense.Dense, "__call__", "products")
+        helpers = {pieces.__name__, fused.__name__}
+        for info in pkgutil.iter_modules(fla.__path__):
+            mod = importlib.import_module(f"{fla.__name__}.{info.name}")
+            if mod is dense:
+                continue
+            for name, value in list(vars(mod).items()):
+                where = getattr(value, "__module__", "") or ""
+                if not callable(value) or isinstance(value, type):
+                    continue
+                if name in _LAYOUT and where.endswith(".families"):
+                    self._patch(mod, name, "layout copies")
+                elif where in helpers and not name.startswith("_"):
+                    self._patch(mod, name, "norms and activations")
+                elif where.split(".")[:3] in _KERNELS and not name.isupper():
+                    self._patch(mod, name, "recurrence")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def shares(self, wall: float) -> dict[str, float]:
+        """Each kind's share of `wall` seconds, and "other" for the rest."""
+        out = {k: v / wall for k, v in self.seconds.items()}
+        out["other"] = max(0.0, 1.0 - sum(out.values()))
+        return out
