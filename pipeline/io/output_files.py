@@ -332,15 +332,18 @@ def read_dead_letters(output: str) -> list[dict[str, Any]]:
 
 def _dead_letter_key(d: dict[str, Any]) -> tuple[str, ...]:
     """What makes a dead letter the same one met again: its sequence, chunk and reason; for one
-    that names no sequence (an unreadable file, a row without a usable id), its message too
-    (which names the file and row)."""
+    that names no sequence (an unreadable file, a row without a usable id) or no chunk (a chunk
+    index that is no whole number: 1.5, NaN), its message too, which names the file and row or
+    the index that came (three bad indexes of one sequence are three dead letters)."""
     key = (str(d.get("seq_id")), str(d.get("chunk_index")), str(d.get("reason")))
-    return key if d.get("seq_id") else (*key, str(d.get("message")))
+    if d.get("seq_id") and d.get("chunk_index") is not None:
+        return key
+    return (*key, str(d.get("message")))
 
 
 def settle_dead_letters(output: str) -> int:
     """Leave one record per (sequence, chunk, reason) in ``<output>/dead_letters/`` (per
-    message too for records that name no sequence, see `_dead_letter_key`): jobs
+    message too for records that name no sequence or no chunk, see `_dead_letter_key`): jobs
     resumed into one output folder each write the dead letters of the chunks they met, so a
     chunk met again (a bad row read by every resume) would be recorded once per job.  When the
     folder holds a record twice, its records are written once each (the first of each key, in
