@@ -3,6 +3,7 @@
     split = row_split(threads=2)         # None for one thread
     split(fn, t)                         # fn(slice) over a partition of range(t), returns when done
                                          # (ranges of >= MIN_ROWS rows, at most one per thread)
+    limit_threads(4)                     # the process's kernels, BLAS and row split: 4 threads
 
 The model's per-token work (products, norms, activation) between two attention calls is
 independent per row, so a chunk's rows can be split across threads.  The caller queues every
@@ -23,11 +24,21 @@ Python between them is short.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-__all__ = ["row_split"]
+__all__ = ["limit_threads", "row_split", "thread_counts"]
+
+#: What each library reads, when it loads, for its thread count (Numba's pool; OpenMP, OpenBLAS
+#: and MKL's BLAS): set by `limit_threads` for this process and the worker processes it starts.
+_THREAD_VARIABLES = (
+    "NUMBA_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
 
 # A range shorter than this is not worth a hand-off: on the loaded 2-vCPU machine halves of
 # 32-64 rows cost 30-47% more CPU than one pass (each re-packs the whole weight matrix for its
@@ -89,3 +100,35 @@ def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | 
                 f.result()  # raises the range's error
 
     return split
+
+
+def limit_threads(n: int) -> None:
+    """Bound this process's compute threads to ``n``, as llama.cpp's ``-t`` and PyTorch's
+    ``torch.set_num_threads`` do: Numba's pool (the kernels' ``prange`` loops), BLAS's (NumPy's
+    matrix products, through threadpoolctl) and the model runtime's row split (as many threads
+    as BLAS has).  Worker processes started afterwards inherit it (the environment variables
+    each library reads when it loads).  Numba sizes its pool when it is first imported: call
+    this before anything loads a model (once Numba is imported, only the calling thread's share
+    can still be bounded)."""
+    if n < 1:
+        msg = f"threads: expected a whole number >= 1, got {n!r}"
+        raise ValueError(msg)
+    for name in _THREAD_VARIABLES:
+        os.environ[name] = str(n)
+    if "numba" in sys.modules:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    if "numpy" in sys.modules:  # its BLAS is loaded: bound it now (else the variables do)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n, user_api="blas")
+
+
+def thread_counts() -> tuple[int, int]:
+    """(Numba's threads, BLAS's threads) in this process, as the libraries report them."""
+    import numba
+    from threadpoolctl import threadpool_info
+
+    blas = [int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
+    return int(numba.get_num_threads()), max([1, *blas])

@@ -3,8 +3,9 @@
 Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
 missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
 `--max-dead-letters` rule; 130 stopped by SIGINT; 143 stopped by SIGTERM.  Every error is one
-line on stderr; `-v` adds the traceback.  `linstream --help` and `linstream checkpoint ...` import
-no Beam (the embed parser is only built for `linstream embed`).
+line on stderr; `-v` adds the traceback.  No command imports Beam before its flags are read and
+checked (a usage error is one line in well under a second); `linstream --help` and
+`linstream checkpoint ...` never import it.
 
 (About 450 lines: one parser per subcommand and the one-line errors and exit statuses they share;
 logging, options, the job and the checkpoint commands have their own modules.)
@@ -13,7 +14,6 @@ logging, options, the job and the checkpoint commands have their own modules.)
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
 import shlex
@@ -86,7 +86,14 @@ def _version() -> str:
 
 
 # -- commands -----------------------------------------------------------------------------------
+def _quiet_beam(args: argparse.Namespace) -> None:
+    """Import Beam (once the flags are checked) without its import-time lines, unless -v."""
+    with quiet_imports(int(getattr(args, "verbose", 0) or 0)):
+        import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet
+
+
 def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
+    _quiet_beam(args)  # its chunk files are written with Beam's I/O
     from .sample import model_input, write_sample
 
     vocab, dim = (args.vocab_size, args.input_dim)
@@ -126,7 +133,7 @@ def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
 def _report_stop(
     config: EmbedConfig, argv: list[str], signame: str, rest: list[str], cancelled: bool = False
 ) -> None:
-    from .job import is_local_runner, runner_of
+    from .runners import is_local_runner, runner_of
     from .stopping import remove_stale_temporaries, result_files
 
     runner = runner_of(rest)
@@ -161,14 +168,20 @@ def _report_stop(
 
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
-    from .job import dead_letter_verdict, is_local_runner, run_embed, runner_of
+    from .job_summary import dead_letter_verdict
+    from .launch import prepare_launch
     from .options import EmbedConfig
+    from .runners import is_local_runner, runner_of
+
+    config = EmbedConfig.from_args(args)  # parsed once; everything below reads this
+    launch = prepare_launch(config, rest)  # every usage check, before Beam is imported
+    _quiet_beam(args)
+    _check_beam_values(rest)
+    from .job import run_embed
     from .stopping import Stopped, run_stoppable
 
-    _check_beam_args(rest)
-    config = EmbedConfig.from_args(args)  # parsed once; everything below reads this
     try:
-        summary = run_stoppable(lambda: run_embed(config, rest, log=_note))
+        summary = run_stoppable(lambda: run_embed(config, rest, log=_note, launch=launch))
     except Stopped as stop:
         _report_stop(config, args.argv, str(stop), rest, cancelled=stop.hooks_done > 0)
         sys.stdout.flush()
@@ -195,19 +208,35 @@ def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from .launch import check_pass_through
+
+    check_pass_through(rest)  # its Beam arguments, before Beam is imported
+    _quiet_beam(args)
+    _check_beam_values(rest)
     from .demo import run_demo
 
-    _check_beam_args(rest)
     return run_demo(args, rest)
 
 
 def _check_beam_args(rest: list[str]) -> None:
-    """Refuse what is neither a linstream option nor a Beam pipeline option (typos)."""
+    """Refuse what is neither a linstream option nor a Beam pipeline option (typos), naming the
+    closest option; then let Beam's parsers check its options' values."""
+    from .launch import check_pass_through
+
+    check_pass_through(rest)
+    _check_beam_values(rest)
+
+
+def _check_beam_values(rest: list[str]) -> None:
+    """The values of Beam's options in ``rest``, as Beam's own parsers read them (Beam is
+    imported by now): e.g. `--direct_num_workers` without a number."""
     if not rest:
         return
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-    from . import options as _options  # registers LinstreamOptions' spellings
+    from .options import _linstream_options
+
+    _linstream_options()  # registers LinstreamOptions' spellings with Beam's parsers
 
     class _Quiet(_BeamArgumentParser):
         def error(self, message: str) -> NoReturn:
@@ -219,20 +248,7 @@ def _check_beam_args(rest: list[str]) -> None:
         seen.setdefault(str(cls), cls)
     for cls in seen.values():
         cls._add_argparse_args(parser)  # the same parsers Beam itself builds
-    _, unknown = parser.parse_known_args(rest)
-    if not unknown:
-        return
-    bad = unknown[0]
-    name = bad.split("=", 1)[0]
-    known = [s for s in parser._option_string_actions if s.startswith("--")]
-    known += [s for f in _options.EMBED_FLAGS for s in f.spellings()]
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    if not name.startswith("-"):
-        msg = f"unexpected argument {bad!r}"
-    else:
-        msg = f"unknown option {name}{hint} (not a linstream option nor a Beam pipeline option)"
-    raise _Usage(msg)
+    parser.parse_known_args(rest)
 
 
 # -- parsers ------------------------------------------------------------------------------------
@@ -315,7 +331,7 @@ def _add_embed(sub: Any, full: bool) -> None:
     p = sub.add_parser(
         "embed", help=_EMBED_HELP, description=_EMBED_DESCRIPTION, formatter_class=_DEFAULTS
     )
-    if full:  # imports Beam: only when the command is `embed`
+    if full:  # the option table: only when the command is `embed`
         from .job import add_embed_arguments
 
         add_embed_arguments(p)
@@ -427,10 +443,7 @@ def _main(argv: list[str]) -> int:
     command = _command_of(argv)
     levels = setup_logging(verbosity(argv))
     try:
-        with quiet_imports(verbosity(argv)):
-            parser = build_parser(command)
-            if command in ("embed", "demo", "sample"):
-                import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet
+        parser = build_parser(command)  # no Beam: it is imported once the flags are checked
         args, rest = parser.parse_known_args(argv)
         if rest and args.command not in ("embed", "demo"):
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

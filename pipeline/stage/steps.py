@@ -348,6 +348,8 @@ class EmbedStep(ChunkStep):
     once per worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose
     fingerprint changed since the job was built.  `layer` (a checkpoint folder's models only):
     emit hidden state N (0 the embeddings .. L the final norm, the default) instead.
+    `loaded`: the model already loaded from the spec `model` (the job loads it once, where it
+    checks the output folder), so that it is not loaded again here.
     """
 
     def __init__(
@@ -357,6 +359,7 @@ class EmbedStep(ChunkStep):
         state_dtype: Any = np.float64,
         *,
         layer: int | None = None,
+        loaded: Any = None,
     ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
@@ -365,7 +368,7 @@ class EmbedStep(ChunkStep):
 
             self._source: str | bytes = model
             # Loaded here too: the fingerprint names the model in checkpoints.
-            self._model: Any = load_model(model)
+            self._model: Any = loaded if loaded is not None else load_model(model)
         else:
             self._source = _portable_source(model)
             self._model = model

@@ -133,7 +133,8 @@ class EmbedSequences(_SequenceTransform):
     (emit="sequence").  layer: a checkpoint folder's models only, the hidden state to emit (0 the
     embeddings .. L the final norm, the default; as fla's `output_hidden_states` numbers them).
     The stage's options are those of `CausalLinearAttention` (the fields of `StageConfig`); a
-    whole ``stage=`` keeps its own emit.
+    whole ``stage=`` keeps its own emit.  ``loaded``: the model already loaded from the spec
+    ``model`` (it is then not loaded again where the pipeline is built).
     """
 
     def __init__(
@@ -143,10 +144,11 @@ class EmbedSequences(_SequenceTransform):
         backend: str = "auto",
         state_dtype: Any = np.float64,
         layer: int | None = None,
+        loaded: Any = None,
         stage: StageConfig | None = None,
         **options: Any,
     ) -> None:
-        self._embed = EmbedStep(model, backend, state_dtype, layer=layer)
+        self._embed = EmbedStep(model, backend, state_dtype, layer=layer, loaded=loaded)
         if stage is None and "emit" not in options:
             options = {**options, "emit": DEFAULT_EMBED_EMIT}
         super().__init__(self._embed, StageConfig.with_options("EmbedSequences", stage, options))
