@@ -8,14 +8,15 @@ left, the output folder's plan), so that nothing is looked at twice:
    that is neither a linstream nor a Beam option (with the closest name), `--runner` without a
    value;
 2. the folders: `--output` and `--checkpoint-dir` naming a file, or a local folder this user
-   cannot write (a read-only one);
+   cannot write (a read-only one); an `--output` that holds results a job of this mode may not
+   add to (second_run.py: the rules that need no model);
 3. the model's name (a built-in one that exists, a local path that exists), then the input
    (`plan_input`: files, format, tokenizer against the model's vocabulary);
 4. the checkpoint store, opened once: one that holds checkpoints needs `--resume`; a resumed
    job's progress total leaves out what the store holds;
 5. the backend (`--backend cupy` needs a GPU here, for a local runner), then the model, loaded
    once (a missing file is named);
-6. the output folder's rules for a second run (second_run.py), which need the model.
+6. the rest of the output folder's rules, which need the model (its rows fit the folder's).
 
 `--threads` is applied first of all (Numba sizes its thread pool when a model first imports it).
 Each failure is a `UsageError` (exit status 2, one line); nothing is created or deleted before
@@ -37,7 +38,7 @@ from linstream.pipeline.io.reader_config import StreamConfig
 
 from .options import EMBED_FLAGS, EmbedConfig
 from .runners import check_beam_args, is_local_runner, runner_of
-from .second_run import OutputPlan, check_checkpoint_dir, check_output
+from .second_run import OutputPlan, check_checkpoint_dir, check_output_folder
 from .work_left import tokens_to_do
 
 _log = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
     check_flags(config, beam_args)
     _check_folder("--output", config.output)
     _check_folder("--checkpoint-dir", config.checkpoint_dir)
+    folder = check_output_folder(config)
     check_model_spec(config.model)
     inputs = None if config.streaming else plan_input(config.input_config())
     counted = inputs if config.progress_every else None  # the progress line's 100%
@@ -191,5 +193,5 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
     model = load_job_model(config)
     _log_threads()
     cut = inputs is not None and inputs.format != "chunks"
-    output = check_output(config, model, chunk_tokens=config.chunk_tokens if cut else None)
+    output = folder.plan(model, chunk_tokens=config.chunk_tokens if cut else None)
     return Launch(config, tuple(beam_args), inputs, model, total, output)

@@ -17,8 +17,9 @@ error: one line, exit status 2, naming the folder and the flag that would procee
   every sequence again at chunk 0 over a history the store already has); with it, chunks the
   store holds are skipped and a changed chunk is a `conflicting_duplicate` dead letter.
 
-`check_output` applies the rules (reading only); `OutputPlan.apply()` deletes (overwrite) and
-writes the folder's record right before the run; `OutputPlan.rows_written()` counts, after the
+`check_output_folder` applies the rules that need no model and `OutputFolder.plan` the rest
+(reading only); `OutputPlan.apply()` deletes (overwrite) and writes the folder's record right
+before the run; `OutputPlan.rows_written()` counts, after the
 run, the rows of the result files this job added.
 """
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.output_record import (
     RECORD_NAME,
+    OutputContents,
     OutputRecord,
     clear_output,
     output_contents,
@@ -43,7 +45,7 @@ from .options import EMIT_CHOICES, EmbedConfig
 if TYPE_CHECKING:
     from linstream.state import CheckpointStore
 
-__all__ = ["OutputPlan", "check_checkpoint_dir", "check_output"]
+__all__ = ["OutputFolder", "OutputPlan", "check_checkpoint_dir", "check_output_folder"]
 
 
 def check_checkpoint_dir(config: EmbedConfig, store: CheckpointStore) -> None:
@@ -86,10 +88,39 @@ class OutputPlan:
         return result_rows(contents, new)
 
 
-def check_output(config: EmbedConfig, model: Any, *, chunk_tokens: int | None) -> OutputPlan:
-    """The `--output-mode` rules applied to ``config.output`` for rows of ``model``, cut into
-    chunks of ``chunk_tokens`` tokens (None: the input came as chunks): UsageError when the
-    folder cannot take this job's rows.  Reads only; `OutputPlan.apply` writes."""
+@dataclass(frozen=True)
+class OutputFolder:
+    """What ``--output`` held when it was checked (`check_output_folder`)."""
+
+    config: EmbedConfig
+    contents: OutputContents | None  # None: --output-mode overwrite (not looked into)
+    held: OutputRecord | None
+
+    def plan(self, model: Any, *, chunk_tokens: int | None) -> OutputPlan:
+        """The folder's plan for rows of ``model``, cut into chunks of ``chunk_tokens`` tokens
+        (None: the input came as chunks): UsageError when the folder holds rows of another
+        schema, model or chunking."""
+        config = self.config
+        width = int(model.config.d_model)
+        mine = OutputRecord.for_job(
+            config.emit, width, config.model, str(model.fingerprint), chunk_tokens
+        )
+        out = str(config.output)
+        if self.contents is None:
+            return OutputPlan(out, mine, True, frozenset())
+        held = self.held
+        if held is None and self.contents.result_files:  # a folder from before records
+            schema = self.contents.results_schema()
+            held = None if schema is None else OutputRecord.of_schema(schema)
+        if held is not None and not self.contents.empty:
+            _check_fits(out, held, mine)
+        return OutputPlan(out, mine, False, frozenset(self.contents.result_files))
+
+
+def check_output_folder(config: EmbedConfig) -> OutputFolder:
+    """The `--output-mode` rules that need no model (UsageError): overwrite with `--resume`; a
+    malformed record; a folder that holds results when the mode is `new` and the job does not
+    resume.  Reads only; `OutputFolder.plan` checks the rows' fit once the model is loaded."""
     out = str(config.output)
     mode = config.output_mode
     if mode == "overwrite" and config.resume:
@@ -99,12 +130,8 @@ def check_output(config: EmbedConfig, model: Any, *, chunk_tokens: int | None) -
             "--output, or drop --resume to start over in an empty --checkpoint-dir"
         )
         raise UsageError(msg)
-    width = int(model.config.d_model)
-    mine = OutputRecord.for_job(
-        config.emit, width, config.model, str(model.fingerprint), chunk_tokens
-    )
     if mode == "overwrite":
-        return OutputPlan(out, mine, True, frozenset())
+        return OutputFolder(config, None, None)
     try:
         contents = output_contents(out)
         held = read_record(out)
@@ -119,12 +146,7 @@ def check_output(config: EmbedConfig, model: Any, *, chunk_tokens: int | None) -
             f"this job's rows to them, --output-mode overwrite to replace them{resume}"
         )
         raise UsageError(msg)
-    if held is None and contents.result_files:  # a folder from before records
-        schema = contents.results_schema()
-        held = None if schema is None else OutputRecord.of_schema(schema)
-    if held is not None and not contents.empty:
-        _check_fits(out, held, mine)
-    return OutputPlan(out, mine, False, frozenset(contents.result_files))
+    return OutputFolder(config, contents, held)
 
 
 def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
