@@ -417,8 +417,13 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LookupErro
 
 
 def _one_line(ex: BaseException) -> str:
-    """A runner error's message can hold whole tracebacks: keep its last informative line."""
+    """A runner error's message can hold whole tracebacks: keep its last informative line (a
+    usage error's own line is kept whole)."""
+    from linstream.pipeline.errors import UsageError
+
     lines = [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
+    if isinstance(ex, UsageError) and len(lines) == 1:
+        return lines[0]
     if not lines:
         return type(ex).__name__
     named = [ln for ln in lines if ln.split(":", 1)[0].endswith(("Error", "Exception"))]

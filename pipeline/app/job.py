@@ -248,8 +248,8 @@ def _prism_missing(runner: str, ex: BaseException) -> UsageError | None:
     text = str(ex)
     if "prism binary" not in text.lower():
         return None
-    why = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(ex).__name__)
-    return UsageError(prism_hint(why[:200]))
+    line = next((ln for ln in text.splitlines() if "prism binary" in ln.lower()), text)
+    return UsageError(prism_hint(line.strip()))
 
 
 def run_embed(

@@ -157,13 +157,13 @@ def prism_args(beam_args: list[str]) -> list[str]:
 
 #: What to do when Beam could not get a Prism binary (no internet, no cached one).
 PRISM_HINT = (
-    "PrismRunner: no Prism binary of Beam {version} here, and Beam could not download one "
-    "({why}); fetch it once with `deploy/engines/fetch.sh prism` (in linstream's source tree, "
-    "needs Go; `make test` does it) into {cache}, or pass --prism_location=PATH to a Prism "
-    "binary (Beam's GitHub releases)"
+    "PrismRunner: no Prism binary of Beam {version} in {cache} nor in Beam's cache, and Beam "
+    "could not download one ({why}); fetch it with `deploy/engines/fetch.sh prism` (linstream's "
+    "source tree; needs Go) or pass --prism_location=PATH"
 )
 
 
-def prism_hint(why: str) -> str:
-    """`PRISM_HINT` for this machine, with the download's error ``why``."""
-    return PRISM_HINT.format(version=_beam_version(), why=why, cache=engines_cache())
+def prism_hint(error: str) -> str:
+    """`PRISM_HINT` for this machine, with the end of the download's ``error`` as the why."""
+    why = error.rsplit(": ", 1)[-1].strip() or error
+    return PRISM_HINT.format(version=_beam_version(), why=why[:100], cache=engines_cache())
