@@ -118,7 +118,8 @@ def limit_threads(n: int) -> None:
     if "numba" in sys.modules:
         import numba
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        pool = int(getattr(numba.config, "NUMBA_NUM_THREADS", n))  # its size, set at import
+        numba.set_num_threads(min(n, pool))
     if "numpy" in sys.modules:  # its BLAS is loaded: bound it now (else the variables do)
         from threadpoolctl import threadpool_limits
 

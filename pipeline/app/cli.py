@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -130,11 +131,24 @@ def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
     return shlex.join([_PROG, *again])
 
 
+def _exit_at_once(signum: int, _frame: object) -> None:
+    """A second SIGINT/SIGTERM while a stop publishes: leave now (the next --resume publishes
+    what this stop did not)."""
+    name = signal.Signals(signum).name
+    print(
+        f"linstream embed: stopped again by {name}: what the commits cover and is not published "
+        "yet is published by the next --resume",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)
+
+
 def _report_stop(
     config: EmbedConfig, argv: list[str], signame: str, rest: list[str], cancelled: bool = False
 ) -> None:
     from .runners import is_local_runner, runner_of
-    from .stopping import remove_stale_temporaries, result_files
+    from .stopping import publish_committed, readable_rows, remove_stale_temporaries
 
     runner = runner_of(rest)
     if not is_local_runner(runner):
@@ -149,22 +163,34 @@ def _report_stop(
         print(f"linstream embed: stopped by {signame}: {what}", file=sys.stderr)
         return
     output = str(config.output).rstrip("/")
+    late = ""
+    if config.commits_outputs and config.checkpoint_dir:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, _exit_at_once)
+        try:
+            publish_committed(output, config.checkpoint_dir)
+        except Exception as ex:  # the commits stand: the next --resume publishes their results
+            late = f" (not all published now: {_one_line(ex)}; the next --resume publishes them)"
     removed = remove_stale_temporaries(output)
-    local = "://" not in output
-    finalized = result_files(output) if local else None
-    if finalized is not None:
-        files = f"{finalized:,} result file(s) finalized under {output}/results"
+    try:
+        rows: int | None = readable_rows(output)
+    except (OSError, ValueError):
+        rows = None
+    if rows is None:
+        readable = f"the result rows under {output}/results are readable"
     else:
-        files = f"the result files under {output}/results are finalized"
+        readable = f"{rows:,} result row(s) readable under {output}/results"
+    if config.checkpoint_dir:
+        readable += " (every chunk its checkpoints cover)" + late
     tidy = f", {len(removed)} temporary folder(s) removed" if removed else ""
     if config.checkpoint_dir:
         tail = f"resume with: {_resume_command(config, argv)}"
     else:
-        again = " with --output-mode overwrite" if finalized != 0 else ""
+        again = " with --output-mode overwrite" if rows != 0 else ""
         tail = (
             f"nothing can be resumed without --checkpoint-dir (run it again{again} to start over)"
         )
-    print(f"linstream embed: stopped by {signame}: {files}{tidy}; {tail}", file=sys.stderr)
+    print(f"linstream embed: stopped by {signame}: {readable}{tidy}; {tail}", file=sys.stderr)
 
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:

@@ -276,7 +276,7 @@ def run_embed(
     from linstream.pipeline.io.output_files import settle_dead_letters
 
     from .local_runner import state_cache_for
-    from .stopping import remove_stale_temporaries
+    from .stopping import hold_stages, on_stop, remove_stale_temporaries
 
     opts = pipeline_options(beam_args, streaming=config.streaming)
     pipeline = beam.Pipeline(options=opts)
@@ -291,10 +291,12 @@ def run_embed(
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if is_local_runner(runner or DEFAULT_LOCAL_RUNNER):
         announce = _announce_compile(config, say)
+    # A stop holds this process's stages first, then publishes what their commits cover.
+    held = on_stop(hold_stages) if is_local_runner(runner or DEFAULT_LOCAL_RUNNER) else None
     t0 = time.perf_counter()
     try:
         # as an SDK harness sizes it (FnApiRunner: 100 MB)
-        with announce, state_cache_for(opts):
+        with announce, state_cache_for(opts), held or contextlib.nullcontext():
             result = pipeline.run()
             with _cancelled_on_stop(opts, runner, result):
                 result.wait_until_finish()
