@@ -1,4 +1,5 @@
-"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc.
+"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc, results
+inspect.
 
 Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
 missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
@@ -407,6 +408,13 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _add_results(sub: Any) -> None:
+    from .results_cli import add_results_parser
+
+    parser = add_results_parser(sub)
+    _verbose(parser)
+
+
 def _add_checkpoint(sub: Any) -> None:
     from .checkpoint_cli import add_checkpoint_parser
 
@@ -432,6 +440,7 @@ def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_warmup(sub)
     _add_checkpoint(sub)
+    _add_results(sub)
     return parser
 
 
