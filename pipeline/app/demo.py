@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 from linstream.pipeline.io import read_dead_letters, read_results, write_chunk_file
@@ -72,8 +73,9 @@ def _warm_up(model: str, backend: str, data: np.ndarray) -> None:
 
     t0 = time.perf_counter()
     runtime = load_model(model)
+    states: Any = runtime.initial_states(np.float64)  # either runtime's own kind
     with recording_compiles() as names:
-        runtime.embed_chunk(data, runtime.initial_states(np.float64), backend=backend)
+        runtime.embed_chunk(data, states, backend=backend)
     how = f"{len(names)} function(s) compiled" if names else "loaded from Numba's cache"
     print(
         f"  kernels ready ({how}, {time.perf_counter() - t0:.1f} s, before the jobs: their "

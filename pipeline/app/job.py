@@ -128,7 +128,7 @@ def build_embed_pipeline(
 
         chunks, source_dead = read_stream_chunks(pipeline, config.stream, with_dead_letters=True)
     else:
-        chunks, source_dead = read_input(pipeline, config.input_config(), inputs)
+        chunks, source_dead = read_input(pipeline, inputs or config.input_config())
     results, dead = chunks | "Embed" >> transform.with_exception_handling()
     if source_dead is not None:
         dead = (dead, source_dead) | "AllDeadLetters" >> beam.Flatten()

@@ -39,11 +39,12 @@ from linstream.pipeline.io.output_record import (
     result_rows,
     write_record,
 )
-
-from .options import EMIT_CHOICES, EmbedConfig
+from linstream.pipeline.stage.config import EMIT_MODES
 
 if TYPE_CHECKING:
     from linstream.state import CheckpointStore
+
+    from .options import EmbedConfig
 
 __all__ = ["OutputFolder", "OutputPlan", "check_checkpoint_dir", "check_output_folder"]
 
@@ -152,7 +153,7 @@ def check_output_folder(config: EmbedConfig) -> OutputFolder:
 def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
     """Refuse rows of another schema, emit or model than those ``out`` holds."""
     fix = "use another --output, or --output-mode overwrite to replace them"
-    if held.columns != mine.columns or (held.emit in EMIT_CHOICES and held.emit != mine.emit):
+    if held.columns != mine.columns or (held.emit in EMIT_MODES and held.emit != mine.emit):
         msg = (
             f"--output {out} holds results written with {held.describe()}; this job writes "
             f"{mine.describe()}: one results folder holds one schema ({RECORD_NAME}); {fix}"

@@ -288,17 +288,16 @@ def _size_or_zero(path: str) -> int:
         return 0
 
 
-def read_input(
-    pipeline: Any, config: InputConfig, plan: InputPlan | None = None
-) -> tuple[Any, Any]:
+def read_input(pipeline: Any, inputs: InputConfig | InputPlan) -> tuple[Any, Any]:
     """Add the job's reader to `pipeline`: `(chunks, dead_letters)` PCollections.
 
-    ``config`` says what to read (`InputConfig`: the `linstream embed` options input,
-    input_format, id_column, text_column, tokens_column, tokenizer, chunk_tokens, model);
-    ``plan``: its `plan_input(config)`, when the caller made it already.  Raises UsageError for
-    an input that matches nothing, an unreadable tokenizer or one that does not fit the model.
+    ``inputs`` says what to read: an `InputConfig` (the `linstream embed` options input,
+    input_format, id_column, text_column, tokens_column, tokenizer, chunk_tokens, model), or
+    its `plan_input(config)` when the caller made it already.  Raises UsageError for an input
+    that matches nothing, an unreadable tokenizer or one that does not fit the model.
     """
-    plan = plan if plan is not None else plan_input(config)
+    plan = inputs if isinstance(inputs, InputPlan) else plan_input(inputs)
+    config = plan.config
     fmt, files, tokenizer = plan.format, list(plan.files), plan.tokenizer
     if fmt == "chunks":
         from . import ReadChunks

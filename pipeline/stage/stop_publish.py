@@ -23,14 +23,19 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from .commits import Commits
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["close_gate", "gated", "publish_live", "register", "roll_forward"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Stage(Protocol):
+    """What a stop publishes through: a stage's `Commits` (commits.py)."""
+
+    spans: Any
+
+    def flush(self) -> None: ...
 
 
 class _Gate:
@@ -84,7 +89,7 @@ class _Gate:
 
 
 _GATE = _Gate()
-_LIVE: weakref.WeakSet[Commits] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[_Stage] = weakref.WeakSet()
 
 
 def gated(fn: F) -> F:
@@ -98,7 +103,7 @@ def gated(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def register(commits: Commits) -> None:
+def register(commits: _Stage) -> None:
     """A stage's commits, published by `publish_live` on a stop (held weakly)."""
     _LIVE.add(commits)
 
