@@ -10,13 +10,13 @@ left, the output folder's plan), so that nothing is looked at twice:
 2. the folders: `--output` and `--checkpoint-dir` naming a file, or a local folder this user
    cannot write (a read-only one); an `--output` that holds results a job of this mode may not
    add to (second_run.py: the rules that need no model);
-3. the model's name (a built-in one that exists, a local path that exists), then the input
-   (`plan_input`: files, format, tokenizer against the model's vocabulary);
-4. the checkpoint store, opened once: one that holds checkpoints needs `--resume`; a resumed
-   job's progress total leaves out what the store holds;
-5. the backend (`--backend cupy` needs a GPU here, for a local runner), then the model, loaded
-   once (a missing file is named);
-6. the rest of the output folder's rules, which need the model (its rows fit the folder's).
+3. the model's name (a built-in one that exists, a local path that exists), the input's files
+   (it names some), the backend (`--backend cupy` needs a GPU here, for a local runner), the
+   checkpoint store, opened once (one that holds checkpoints needs `--resume`);
+4. the model, loaded once (a missing file is named), and `--layer` against it; the input's plan
+   (`plan_input`: the format, the tokenizer against the model's vocabulary), and what the job
+   has to do (a resumed job's progress total leaves out what the store holds);
+5. the rest of the output folder's rules, which need the model (its rows fit the folder's).
 
 `--threads` is applied first of all (Numba sizes its thread pool when a model first imports it).
 Each failure is a `UsageError` (exit status 2, one line); nothing is created or deleted before
@@ -33,15 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from linstream.pipeline.errors import UsageError
-from linstream.pipeline.io.input_plan import InputPlan, missing_model, plan_input
+from linstream.pipeline.io.input_plan import InputPlan, input_files, missing_model, plan_input
 from linstream.pipeline.io.reader_config import StreamConfig
+from linstream.pipeline.stage.model_layer import checked_layer, is_folder_model
 
 from .options import EMBED_FLAGS, EmbedConfig
 from .runners import check_beam_args, is_local_runner, runner_of
 from .second_run import OutputPlan, check_checkpoint_dir, check_output_folder
 from .work_left import tokens_to_do
 
-_log = logging.getLogger(__name__)
+#: The `-v` line of the threads the kernels and BLAS use (a logger of its own: not a stage's).
+_log = logging.getLogger("linstream.threads")
 
 __all__ = ["Launch", "check_flags", "check_pass_through", "load_job_model", "prepare_launch"]
 
@@ -174,24 +176,27 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
     _check_folder("--checkpoint-dir", config.checkpoint_dir)
     folder = check_output_folder(config)
     check_model_spec(config.model)
-    inputs = None if config.streaming else plan_input(config.input_config())
-    counted = inputs if config.progress_every else None  # the progress line's 100%
-    total = None
+    wanted = None if config.streaming else config.input_config()
+    files = None if wanted is None else input_files(wanted)
+    _check_backend(config, runner_of(list(beam_args)))
+    store = None
     if config.checkpoint_dir:
         from linstream.state import CheckpointStore
 
         store = CheckpointStore(config.checkpoint_dir, background_prune=False)  # once a launch
-        try:
+    try:
+        if store is not None:
             check_checkpoint_dir(config, store)
-            if counted is not None:
-                total = tokens_to_do(counted, store if config.resume else None)
-        finally:
+        model = load_job_model(config)
+        checked_layer(config.layer, model, is_folder_model(model))
+        _log_threads()
+        inputs = None if wanted is None else plan_input(wanted, files)
+        total = None
+        if inputs is not None and config.progress_every:  # the progress line's 100%
+            total = tokens_to_do(inputs, store if config.resume else None)
+    finally:
+        if store is not None:
             store.close()
-    elif counted is not None:
-        total = tokens_to_do(counted, None)
-    _check_backend(config, runner_of(list(beam_args)))
-    model = load_job_model(config)
-    _log_threads()
     cut = inputs is not None and inputs.format != "chunks"
     output = folder.plan(model, chunk_tokens=config.chunk_tokens if cut else None)
     return Launch(config, tuple(beam_args), inputs, model, total, output)

@@ -35,6 +35,7 @@ __all__ = [
     "InputPlan",
     "detect_format",
     "expand_input",
+    "input_files",
     "missing_model",
     "plan_input",
     "sequence_id",
@@ -204,10 +205,11 @@ def _first_json_row(path: str) -> Any:
 
 
 def missing_model(spec: str) -> UsageError:
-    """The usage error of a `--model` that does not exist."""
+    """The usage error of a `--model` that does not exist (as `load_model` words it, whichever
+    command meets it)."""
     msg = (
-        f"--model {spec}: no such file or folder (expected builtin:default, a .safetensors "
-        "model file or a checkpoint folder, local or a URL)"
+        "expected builtin:NAME, a .safetensors model file or a checkpoint folder, "
+        f"got {spec!r}, which does not exist"
     )
     return UsageError(msg)
 
@@ -337,14 +339,21 @@ def _text_bytes(path: str) -> int | None:
         return None
 
 
-def plan_input(config: InputConfig) -> InputPlan:
-    """The `InputPlan` of ``config.input``, checked against ``config.model``; UsageError (one
-    line) for an input that matches nothing, an unreadable tokenizer or one that does not fit."""
+def input_files(config: InputConfig) -> list[tuple[str, str]]:
+    """(root, path) of every file ``config.input`` names (`expand_input`); UsageError when it
+    is not given or matches nothing."""
     spec = config.input
     if not spec:
         msg = "--input is required (a folder of text files, a file or a glob), or --streaming"
         raise UsageError(msg)
-    files = expand_input(str(spec))
+    return expand_input(str(spec))
+
+
+def plan_input(config: InputConfig, files: list[tuple[str, str]] | None = None) -> InputPlan:
+    """The `InputPlan` of ``config.input`` (``files``: its `input_files`, when the caller
+    listed them already), checked against ``config.model``; UsageError (one line) for an input
+    that matches nothing, an unreadable tokenizer or one that does not fit."""
+    files = files if files is not None else input_files(config)
     fmt = config.input_format or "auto"
     if fmt == "auto":
         fmt = detect_format(

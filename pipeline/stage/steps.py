@@ -28,6 +28,8 @@ from linstream.ops import AttentionState, causal_linear_attention, get_feature_m
 from linstream.pipeline.elements import Unencodable
 from linstream.state import CheckpointError, ModelMismatchError, SequenceState
 
+from .model_layer import checked_layer as _checked_layer
+from .model_layer import is_folder_model as _is_folder_model
 from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
 
 __all__ = ["BadInput", "ChunkStep", "EmbedStep", "RawAttentionStep"]
@@ -319,11 +321,6 @@ def _shared_handle(tag: str) -> shared.Shared:
         return _SHARED_MODELS.setdefault(tag, shared.Shared())
 
 
-def _is_folder_model(model: Any) -> bool:
-    """Whether ``model`` is a checkpoint folder's (fla's format: named per-layer states)."""
-    return hasattr(model, "state_layout")
-
-
 def _portable_source(model: Any) -> str | bytes:
     """What a worker loads a passed-in model from: its built-in name or URL when it came from
     one, a checkpoint folder's absolute path (a worker must see the same folder: use a URL on
@@ -508,26 +505,6 @@ class EmbedStep(ChunkStep):
         else:
             emb, new = self._model.embed_chunk(data, layers, backend=self.backend)
         return emb, list(new)
-
-
-def _checked_layer(layer: Any, model: Any, folder: bool) -> int | None:
-    """``layer`` checked against the model (ValueError saying what fits)."""
-    if layer is None:
-        return None
-    if not folder:
-        msg = (
-            f"layer {layer!r}: picking a layer's output needs a checkpoint folder in fla's "
-            f"format; model {getattr(model, 'source', '?')} gives its final output only"
-        )
-        raise ValueError(msg)
-    n = int(model.num_layers)
-    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not 0 <= layer <= n:
-        msg = (
-            f"layer must be an integer from 0 (the embeddings) to {n} (the final norm, the "
-            f"default) for this {n}-layer model, got {layer!r}"
-        )
-        raise ValueError(msg)
-    return int(layer)
 
 
 def _short(x: Any) -> str:
