@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import sys
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["LOGGERS", "StderrHandler", "quiet_imports", "setup_logging", "verbosity"]
+__all__ = ["LOGGERS", "StderrHandler", "quiet_beam", "quiet_imports", "setup_logging", "verbosity"]
 
 LOGGERS = ("", "linstream", "linstream.progress", "apache_beam", "apache_beam.typehints")
 
@@ -83,3 +84,10 @@ def quiet_imports(verbose: int) -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
+
+
+def quiet_beam(args: argparse.Namespace) -> None:
+    """Import Beam (once a command's flags are checked) without its import-time lines, unless
+    the command has -v."""
+    with quiet_imports(int(getattr(args, "verbose", 0) or 0)):
+        import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet

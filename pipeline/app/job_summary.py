@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 
 from .flag_values import DeadLetterLimit, parse_dead_letter_limit
 
-__all__ = ["JobSummary", "dead_letter_verdict"]
+__all__ = [
+    "EXIT_DEAD_LETTERS",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "JobSummary",
+    "dead_letter_verdict",
+]
+
+#: The `linstream` command's exit statuses (and 128 + the signal's number when stopped).
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEAD_LETTERS = 0, 1, 2, 3
 
 
 @dataclass
