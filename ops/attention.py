@@ -25,7 +25,8 @@ def _compute_dtype(q: Any, k: Any, v: Any) -> np.dtype:
 
 
 def _default_chunk_size(backend: str) -> int:
-    """Each backend's measured default chunk size (see tests/bench/RESULTS-ops.md)."""
+    """Each backend's measured default chunk size
+    (docs/benchmarks.md#causal-linear-attention-kernels)."""
     if backend == "numba":
         from linstream.ops.additive.numba import DEFAULT_CHUNK_SIZE as numba_default
 

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from linstream.pipeline.app.embed_api import Resumable, embed
+    from linstream.pipeline.app.embed_api import DeadLetterError, Resumable, embed
     from linstream.pipeline.io.text_input import InputConfig, ToChunks, read_input
     from linstream.pipeline.stage.transforms import CausalLinearAttention, EmbedSequences
 
@@ -32,6 +32,7 @@ __all__ = [
     "ChunkResultCoder",
     "DeadLetter",
     "DeadLetterCoder",
+    "DeadLetterError",
     "EmbedSequences",
     "InputConfig",
     "Resumable",
@@ -44,6 +45,7 @@ _WHERE = {
     "CausalLinearAttention": ".stage.transforms",
     "EmbedSequences": ".stage.transforms",
     "InputConfig": ".io.text_input",
+    "DeadLetterError": ".app.embed_api",
     "Resumable": ".app.embed_api",
     "embed": ".app.embed_api",
     "ToChunks": ".io.text_input",

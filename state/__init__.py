@@ -3,7 +3,8 @@
     sequence_state  SequenceState: every layer's carried state after a prefix (immutable)
     layout          the named tensors a state carries (S, z, others), their JSON form
     codec           its Arrow IPC form (checkpoints), with ipc_bounds (checks before reading);
-                    codec_v3 the format of states of named tensors, arrow_tensors the columns
+                    codec_named the format of states of named tensors (format 3),
+                    arrow_tensors its columns
     compact         its compact form (the working copy in Beam state)
     errors          the named errors of this package
     store/          the checkpoint store (commits, restores, retention, verify, gc)

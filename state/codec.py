@@ -19,7 +19,7 @@ reader allocate more than it holds), then fingerprint, identity, digest and fini
 are zero-copy views of the (immutable) input buffer where Arrow allows.  No pickle.
 
 A state that is not S and z alone (an fla model's: S, the short convolutions' tails) is written
-in format 3, a column per named tensor and the layout in the metadata (``codec_v3.py``); a
+in format 3, a column per named tensor and the layout in the metadata (``codec_named.py``); a
 reader tells the two apart by the layout entry, and checks the rest the same way.
 
 (About 550 lines: the encoder and the untrusted decoder of one format side by side, with every
@@ -45,7 +45,7 @@ from .arrow_tensors import little_endian as _le
 from .arrow_tensors import read_tensor as _tensor
 from .arrow_tensors import tensor_column as _tensor_column
 from .arrow_tensors import tensor_column_shape as _tensor_column_shape
-from .codec_v3 import (
+from .codec_named import (
     FORMAT_VERSION_NAMED,
     K_LAYOUT,
     MIN_READER_VERSION_NAMED,
@@ -88,7 +88,7 @@ __all__ = [
 
 #: Format written by this version for states of S and z.  Format 2 (chained commits with a
 #: history record in the manifest) keeps the data file's layout of format 1; format-1 files and
-#: stores still restore.  States of other named tensors are written in format 3 (``codec_v3``).
+#: stores still restore.  States of other named tensors are written in format 3 (``codec_named``).
 FORMAT_VERSION = 2
 #: Oldest reader version able to read what this version writes (a format-1 reader would not see
 #: format-2 commits at all, so it must not read their data files either).
@@ -265,7 +265,7 @@ def _write_file(batch: pa.RecordBatch) -> pa.Buffer:
 
 
 def _encode_named(st: SequenceState) -> tuple[pa.Buffer, str]:
-    """Format 3 (``codec_v3``): a column per named tensor, the layout in the metadata."""
+    """Format 3 (``codec_named``): a column per named tensor, the layout in the metadata."""
     digest = state_named_digest(st)
     metadata = {
         _K_FORMAT: str(FORMAT_VERSION_NAMED).encode(),

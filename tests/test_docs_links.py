@@ -1,4 +1,8 @@
-"""README.md and docs/design.md stand alone: every link points inside the repository."""
+"""README.md and docs/ stand alone, and the docs sections that the sources name exist.
+
+Every Markdown link points inside the repository; a comment or docstring that names
+docs/<file>.md#<section> names a heading of that file.
+"""
 
 import re
 from pathlib import Path
@@ -35,6 +39,25 @@ def test_links_stay_inside_the_repository(doc):
         assert file.exists(), f"{doc.name}: {target} does not exist"
         if anchor and file.suffix == ".md":
             assert anchor in _anchors(file.read_text()), f"{doc.name}: no heading #{anchor}"
+
+
+SOURCES = [
+    f for top in ("ops", "state", "pipeline", "deploy", "tests") for f in (ROOT / top).rglob("*.py")
+]
+DOC_SECTION = re.compile(r"docs/([\w.-]+\.md)#([\w-]+)")
+
+
+def test_sources_point_at_doc_sections_that_exist():
+    """A comment or docstring naming docs/<file>.md#<section> names a heading of that file."""
+    named = 0
+    for source in SOURCES:
+        for name, anchor in DOC_SECTION.findall(source.read_text()):
+            where = source.relative_to(ROOT)
+            doc = ROOT / "docs" / name
+            assert doc.exists(), f"{where}: docs/{name} does not exist"
+            assert anchor in _anchors(doc.read_text()), f"{where}: no heading #{anchor} in {name}"
+            named += 1
+    assert named, "no source names a docs section: the pattern no longer matches anything"
 
 
 def test_placeholders_for_what_survives_a_crash_are_marked():

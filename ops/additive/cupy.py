@@ -14,22 +14,29 @@ every state entry in float64 registers (the same additions, in the same order, a
 chunk's float32 contribution to a float64 state).  The state stays on
 the device for the whole call; it is copied to the host only when the caller gave a host state.
 
-`scan_causal` is the same algorithm against an array namespace: with `xp=numpy` and
-`NumpyKernels` (or `EmulatedKernels`, which run the CUDA kernels' index arithmetic) it is what
-the CPU tests execute; `cupy_causal` runs it with `xp=cupy` and `CupyKernels`.
-
-(About 400 lines: the CuPy path's three kernel sets (NumPy, emulated, CUDA) share one interface
-here, so the path reads in one place.)
+`scan_causal` is the algorithm against an array namespace and a kernel set: `NumpyKernels` (the
+three kernels as array code, for NumPy or CuPy) or `CupyKernels` (the CUDA kernels, launched by
+a `linstream.ops.cuda.Launcher`).  `cupy_causal` runs it with the current device's launcher; the
+CPU tests give it the emulator's (tests/helpers/cuda_emu.py), which runs the same CUDA source
+over emulated blocks and threads on NumPy arrays.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from linstream.ops.attention_state import AttentionState
-from linstream.ops.backend import BackendUnavailableError, cupy_available, cupy_unavailable_reason
+from linstream.ops.cuda import (
+    Bfloat16Bits,
+    Launcher,
+    cupy_launcher,
+    input_kind,
+    raw_array,
+    set_shared_bytes,
+    xp_cupy,
+)
 from linstream.ops.feature_maps import EluPlusOne, FeatureMap, Identity, Relu, get_feature_map
 
 from . import cupy_kernels as ck
@@ -37,7 +44,6 @@ from . import cupy_kernels as ck
 __all__ = [
     "Bfloat16Bits",
     "CupyKernels",
-    "EmulatedKernels",
     "NumpyKernels",
     "cupy_causal",
     "scan_causal",
@@ -52,58 +58,6 @@ MAX_BLOCK_ELEMENTS = 2**26
 # Maps the prep kernel applies in-register (matched by exact type: a subclass may change
 # `query`); any other map (FAVOR+) runs through its own array code on the device.
 _FUSED_MAP_TYPES: dict[type, str] = {EluPlusOne: "elu+1", Relu: "relu", Identity: "identity"}
-
-
-def xp_cupy() -> Any:
-    """The cupy module, or BackendUnavailableError saying why it cannot run here."""
-    if not cupy_available():
-        msg = f"the cupy backend cannot run here: {cupy_unavailable_reason()}"
-        raise BackendUnavailableError(msg)
-    import cupy
-
-    return cupy
-
-
-class Bfloat16Bits(NamedTuple):
-    """A bfloat16 array given as its raw bits (uint16, NumPy or CuPy), for callers without a
-    bfloat16 dtype.  Arrays whose dtype is named 'bfloat16' (ml_dtypes) are accepted directly."""
-
-    bits: Any
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.bits.shape)
-
-
-def _input_kind(name: str, x: Any) -> str:
-    """'float32', 'float64' or 'bfloat16' (raw bits), with a message naming what came."""
-    if isinstance(x, Bfloat16Bits):
-        if np.dtype(x.bits.dtype) != np.uint16:
-            msg = f"{name}: Bfloat16Bits needs uint16 bits, got dtype {x.bits.dtype}"
-            raise TypeError(msg)
-        return "bfloat16"
-    dt = np.dtype(x.dtype)
-    if dt.name == "bfloat16":
-        return "bfloat16"
-    if dt in (np.float32, np.float64):
-        return dt.name
-    if dt == np.float16:
-        return "float16"
-    msg = f"{name} must be float32, float64 or bfloat16, got dtype {dt}"
-    raise TypeError(msg)
-
-
-def _raw(x: Any, kind: str) -> Any:
-    """The array whose elements the prep kernel reads (bf16 as uint16 bits)."""
-    if isinstance(x, Bfloat16Bits):
-        return x.bits
-    if kind == "bfloat16":
-        return x.view(np.uint16)
-    return x
-
-
-def _is_cupy(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
 
 
 def _fused_name(fm: FeatureMap) -> str | None:
@@ -155,58 +109,17 @@ class NumpyKernels:
         return xp.ascontiguousarray((nd[..., :dv] / (nd[..., dv:] + eps)).transpose(1, 0, 2))
 
 
-class EmulatedKernels(NumpyKernels):
-    """NumPy emulations of the CUDA kernels' indexing (tests only; slow)."""
-
-    def prep(self, x: Any, kind: str, fm: FeatureMap, cdt: Any, tp: int, role: str) -> Any:
-        name = "identity" if role == "v" else _fused_name(fm)
-        if name is None or kind == "float16":
-            return super().prep(x, kind, fm, cdt, tp, role)
-        return ck.emulate_prep(
-            np.asarray(x),
-            fmap=name,
-            in_dtype=kind,
-            real_dtype=np.dtype(cdt).name,
-            tp=tp,
-            ones_col=role == "v",
-        )
-
-    def scan(self, ds: Any, sx: Any, cdt: Any) -> tuple[Any, Any]:
-        return ck.emulate_scan(ds, sx, np.dtype(cdt).name)
-
-    def intra(self, a: Any, vx: Any, inter: Any, eps: float, t: int) -> Any:
-        return ck.emulate_intra(a, vx, inter, t_len=t, eps=eps)
-
-
 class CupyKernels(NumpyKernels):
-    """The CUDA kernels through cupy.RawKernel (compiled once per variant, then cached)."""
+    """The CUDA kernels, compiled and launched by a `Launcher` (by default the current device's
+    CuPy; the tests pass the CPU emulator's)."""
 
-    def __init__(self) -> None:
-        super().__init__(xp_cupy())
+    def __init__(self, launcher: Launcher | None = None) -> None:
+        self.launcher = launcher if launcher is not None else cupy_launcher()
+        super().__init__(self.launcher.xp)
 
-    @staticmethod
-    @functools.cache
-    def _prep_kernel(fmap: str, kind: str, real: str) -> Any:
-        import cupy
-
-        return cupy.RawKernel(ck.prep_source(fmap, kind, real), "prep")
-
-    @staticmethod
-    @functools.cache
-    def _scan_kernel(real: str) -> Any:
-        import cupy
-
-        return cupy.RawKernel(ck.scan_source(real), "state_scan")
-
-    @staticmethod
-    @functools.cache
-    def _intra_kernel(c: int, dv: int, real: str) -> Any:
-        import cupy
-
-        kern = cupy.RawKernel(ck.intra_source(c, dv, real), "intra_norm")
-        smem = ck.intra_shared_bytes(c, dv, np.dtype(real).itemsize)
-        if smem > 48 * 1024:
-            kern.max_dynamic_shared_size_bytes = smem
+    def _intra_kernel(self, c: int, dv: int, real: str) -> Any:
+        kern = self.launcher.kernel(ck.intra_source(c, dv, real), "intra_norm")
+        set_shared_bytes(kern, ck.intra_shared_bytes(c, dv, np.dtype(real).itemsize))
         return kern
 
     def prep(self, x: Any, kind: str, fm: FeatureMap, cdt: Any, tp: int, role: str) -> Any:
@@ -221,7 +134,7 @@ class CupyKernels(NumpyKernels):
         y = cp.empty((h, tp, w), dtype=cdt)
         rows_per_block = ck.PREP_BLOCK[1]
         blocks = max(1, min((h * tp + rows_per_block - 1) // rows_per_block, 65535 * 16))
-        kern = self._prep_kernel(name, kind, np.dtype(cdt).name)
+        kern = self.launcher.kernel(ck.prep_source(name, kind, np.dtype(cdt).name), "prep")
         args = (x, y, np.int64(t), np.int64(h), np.int64(d), np.int64(tp), np.int64(w))
         kern((blocks,), ck.PREP_BLOCK, (*args, np.int32(ones_col)))
         return y
@@ -235,7 +148,7 @@ class CupyKernels(NumpyKernels):
         final = cp.empty((h, f, dvx), dtype=cp.float64)
         e = f * dvx
         blocks = (h * e + ck.SCAN_BLOCK - 1) // ck.SCAN_BLOCK
-        kern = self._scan_kernel(np.dtype(cdt).name)
+        kern = self.launcher.kernel(ck.scan_source(np.dtype(cdt).name), "state_scan")
         kern(
             (blocks,),
             (ck.SCAN_BLOCK,),
@@ -249,7 +162,7 @@ class CupyKernels(NumpyKernels):
         dv = vx.shape[2] - 1
         rdt = np.dtype(a.dtype)
         smem = ck.intra_shared_bytes(c, dv, rdt.itemsize)
-        if smem > 200 * 1024:  # tiles too large for shared memory: the array code instead
+        if smem > self.launcher.max_shared_bytes():  # tiles too large: the array code instead
             return super().intra(a, vx, inter, eps, t)
         a, vx, inter = (cp.ascontiguousarray(x) for x in (a, vx, inter))  # the kernel's layout
         out = cp.empty((t, h, dv), dtype=rdt)
@@ -359,6 +272,7 @@ def cupy_causal(
     eps: float = 1e-6,
     chunk_size: int = 64,
     dtype: Any = None,
+    launcher: Launcher | None = None,
 ) -> tuple[Any, AttentionState]:
     """Causal linear attention on the GPU, continuing from `state`.
 
@@ -368,19 +282,21 @@ def cupy_causal(
     is float64).  Returns (out [T, H, d_v] in the compute dtype, the new state in the given
     state's dtype): out is a CuPy array when q is one, else NumPy; the state likewise follows
     the given state, so a caller that keeps its state on the device never copies it to the host.
+    launcher: where the kernels run (default: the current CUDA device through CuPy).
     """
-    cp = xp_cupy()
+    lau = launcher if launcher is not None else cupy_launcher()
+    cp = lau.xp
     fm = get_feature_map(feature_map)
-    kinds = (_input_kind("q", q), _input_kind("k", k), _input_kind("v", v))
+    kinds = (input_kind("q", q), input_kind("k", k), input_kind("v", v))
     if dtype is None:
         dtype = np.float64 if "float64" in kinds else np.float32
     cdt = np.dtype(dtype)
     if cdt not in (np.float32, np.float64):
         msg = f"compute dtype must be float32 or float64, got {cdt}"
         raise TypeError(msg)
-    device_out = _is_cupy(_raw(q, kinds[0]))
-    device_state = _is_cupy(state.S)
-    qd, kd, vd = (cp.asarray(_raw(x, kd_)) for x, kd_ in zip((q, k, v), kinds, strict=True))
+    device_out = isinstance(raw_array(q, kinds[0]), cp.ndarray)
+    device_state = isinstance(state.S, cp.ndarray)
+    qd, kd, vd = (cp.asarray(raw_array(x, kd_)) for x, kd_ in zip((q, k, v), kinds, strict=True))
     st = AttentionState(cp.asarray(state.S), cp.asarray(state.z))
     t = int(qd.shape[0])
     if t == 0:
@@ -397,13 +313,13 @@ def cupy_causal(
             chunk_size=chunk_size,
             dtype=cdt,
             xp=cp,
-            kernels=_cupy_kernels(),
+            kernels=_cupy_kernels() if launcher is None else CupyKernels(lau),
             kinds=kinds,
         )
     if not device_out:
-        out = cp.asnumpy(out)
+        out = lau.to_host(out)
     if not device_state:
-        new = AttentionState(cp.asnumpy(new.S), cp.asnumpy(new.z))
+        new = AttentionState(lau.to_host(new.S), lau.to_host(new.z))
     return out, new
 
 

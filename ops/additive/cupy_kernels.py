@@ -1,4 +1,4 @@
-"""CUDA sources of the CuPy backend's two fused kernels, and NumPy emulations of both.
+"""CUDA sources of the CuPy backend's three kernels: prep, state_scan and the fused intra_norm.
 
     prep        raw q/k/v [T, H, D] (float32, float64, or bfloat16 bits) -> head-major, zero-padded,
                 feature-mapped [H, TP, W] in the compute dtype; V gets a ones column (W = D + 1)
@@ -10,29 +10,24 @@
                 owns a (C/16) x (DV/16) tile of outputs) when C and DV are multiples of 16, and a
                 one-output-per-thread one for any other shape.
 
-The index arithmetic lives once, in `PREP_MACROS` / `INTRA_MACROS`: the CUDA source `#define`s
-them and the emulations evaluate the same expressions on NumPy integer arrays, so the CPU tests
-exercise the kernels' indexing (layout, padding, masking) without a device.  The emulations follow
-the kernels' loops thread by thread (vectorised over threads); they are slow and only for tests.
-
-Why one module of ~450 lines: each CUDA source and its NumPy emulation share the macros above, and
-keeping them side by side is what lets a reader check one against the other.
+The index arithmetic is named once per layout, in `PREP_MACROS` / `INTRA_MACROS` /
+`SCAN_MACROS`, which the sources `#define`.  Launch geometry: prep, blocks of PREP_BLOCK (32
+columns x 8 rows), a grid-stride loop over rows; state_scan, SCAN_BLOCK threads, one per state
+entry; intra_norm, INTRA_BLOCK threads per (chunk, head) block with the chunk's A and [V | 1]
+tiles in dynamic shared memory (`intra_shared_bytes`).  The CPU tests run these sources on
+emulated blocks and threads (tests/helpers/cuda_emu.py) and compile them with NVRTC.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from linstream.ops.cuda import IN_TYPES as _IN_TYPES
+from linstream.ops.cuda import REAL_TYPES as _REAL_TYPES
 
 __all__ = [
     "FUSED_MAPS",
     "INTRA_BLOCK",
     "PREP_BLOCK",
     "SCAN_BLOCK",
-    "emulate_intra",
-    "emulate_prep",
-    "emulate_scan",
     "intra_shared_bytes",
     "intra_source",
     "intra_tiled",
@@ -52,17 +47,8 @@ FUSED_MAPS: dict[str, str] = {
     "elu+1": "(x_ > (real_t)0 ? x_ + (real_t)1 : exp(x_))",
 }
 
-# CUDA type of one input element, and how it becomes real_t.  bf16 arrives as its raw 16 bits
-# (uint16): the float32 with the same top half is exact, so the cast on the device is a shift.
-_IN_TYPES: dict[str, tuple[str, str]] = {
-    "float32": ("float", "(real_t)(v_)"),
-    "float64": ("double", "(real_t)(v_)"),
-    "bfloat16": ("unsigned short", "(real_t)__uint_as_float(((unsigned int)(v_)) << 16)"),
-}
-_REAL_TYPES = {"float32": "float", "float64": "double"}
 
-# Index expressions shared by the CUDA source and the emulations.  Only + - * / % on
-# non-negative integers, so C's truncating division equals Python's floor division.
+# Index expressions of the CUDA sources, one per layout.
 PREP_MACROS: dict[str, tuple[tuple[str, ...], str]] = {
     "SRC_IDX": (("t", "h", "d"), "(((t) * H + (h)) * D + (d))"),  # x [T, H, D]
     "ROW_T": (("r",), "((r) % TP)"),  # y [H, TP, W] as rows r = h TP + t
@@ -281,168 +267,3 @@ extern "C" __global__ void state_scan(const real_t* __restrict__ ds,
 def intra_shared_bytes(c: int, dv: int, itemsize: int) -> int:
     """Dynamic shared memory of one intra_norm block: the A tile and the [V | 1] tile."""
     return (c * (c + 1) + c * (dv + 1)) * itemsize
-
-
-# ---- NumPy emulations (tests only) -------------------------------------------------------
-
-
-def _macro_fns(macros: dict[str, tuple[tuple[str, ...], str]], consts: dict[str, int]) -> Any:
-    """The macros as Python functions over NumPy integer arrays (C '/' -> '//')."""
-    fns: dict[str, Any] = {}
-    for name, (args, body) in macros.items():
-        code = f"lambda {', '.join(args)}: {body.replace('/', '//')}"
-        fns[name] = eval(code, {"__builtins__": {}, **consts})
-    return fns
-
-
-def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def _np_map(fmap: str, x: np.ndarray) -> np.ndarray:
-    if fmap == "identity":
-        return x
-    if fmap == "relu":
-        return np.where(x > 0, x, x.dtype.type(0))
-    if fmap == "elu+1":
-        return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0)))
-    msg = f"no fused kernel for feature map {fmap!r}; expected one of {sorted(FUSED_MAPS)}"
-    raise ValueError(msg)
-
-
-def emulate_prep(
-    x: np.ndarray, *, fmap: str, in_dtype: str, real_dtype: str, tp: int, ones_col: bool
-) -> np.ndarray:
-    """What `prep` writes, computed with the kernel's own index macros (all threads at once)."""
-    t_len, h_len, d = (int(n) for n in x.shape)
-    w_len = d + int(ones_col)
-    m = _macro_fns(PREP_MACROS, {"H": h_len, "D": d, "TP": tp, "W": w_len})
-    rdt = np.dtype(real_dtype)
-    flat = np.ascontiguousarray(x).reshape(-1)
-    r = np.arange(h_len * tp, dtype=np.int64)[:, None]  # every (row, column) thread at once
-    w = np.arange(w_len, dtype=np.int64)[None, :]
-    t, h = m["ROW_T"](r), m["ROW_H"](r)
-    t, h, w = np.broadcast_arrays(t, h, w)
-    y = np.full(h_len * tp * w_len, np.nan, dtype=rdt)
-    y[m["Y_IDX"](r, w)] = 0  # every element is written once
-    valid = (t < t_len) & (w < d)
-    src = flat[m["SRC_IDX"](t[valid], h[valid], w[valid])]
-    vals = _bf16_bits_to_f32(src).astype(rdt) if in_dtype == "bfloat16" else src.astype(rdt)
-    rr = np.broadcast_to(r, t.shape)
-    y[m["Y_IDX"](rr[valid], w[valid])] = _np_map(fmap, vals)
-    if ones_col:
-        one = (t < t_len) & (w == d)
-        y[m["Y_IDX"](rr[one], w[one])] = 1
-    return y.reshape(h_len, tp, w_len)
-
-
-def emulate_intra(
-    a: np.ndarray, vx: np.ndarray, inter: np.ndarray, *, t_len: int, eps: float
-) -> np.ndarray:
-    """What `intra_norm` (the variant `intra_source` picks) writes, block by block."""
-    h_len, nch, c, _ = a.shape
-    tp = vx.shape[1]
-    dv = vx.shape[2] - 1
-    rdt = a.dtype
-    consts = {"C": c, "DV": dv, "TP": tp, "NCH": nch, "H": h_len}
-    consts |= {"TI": TILE_THREADS, "TJ": TILE_THREADS}
-    m = _macro_fns(INTRA_MACROS, consts)
-    a_f, vx_f, in_f = a.reshape(-1), vx.reshape(-1), inter.reshape(-1)
-    out = np.full(t_len * h_len * dv, np.nan, dtype=rdt)
-    body = _intra_block_tiled if intra_tiled(c, dv) else _intra_block_simple
-    for n in range(nch):
-        for h in range(h_len):
-            # the shared-memory loads, common to both variants
-            e = np.arange(c * c)
-            i, s = e // c, e % c
-            sa = np.empty(c * (c + 1), dtype=rdt)
-            sa[m["SA"](i, s)] = np.where(s <= i, a_f[m["A_IDX"](h, n, i, s)], 0)
-            e = np.arange(c * (dv + 1))
-            s, j = e // (dv + 1), e % (dv + 1)
-            sv = np.empty(c * (dv + 1), dtype=rdt)
-            sv[m["SV"](s, j)] = vx_f[m["X_IDX"](m["ROW"](h, n, s), j)]
-            body(m, n, h, sa, sv, in_f, out, c, dv, t_len, rdt.type(eps))
-    return out.reshape(t_len, h_len, dv)
-
-
-def _intra_block_simple(
-    m: Any,
-    n: int,
-    h: int,
-    sa: Any,
-    sv: Any,
-    in_f: Any,
-    out: Any,
-    c: int,
-    dv: int,
-    t_len: int,
-    eps: Any,
-) -> None:
-    e = np.arange(c * dv)  # every thread's outputs at once (the grid-stride loop)
-    i, j = e // dv, e % dv
-    keep = n * c + i < t_len
-    i, j = i[keep], j[keep]
-    r = m["ROW"](h, n, i)
-    num = in_f[m["X_IDX"](r, j)].copy()
-    den = in_f[m["X_IDX"](r, dv)].copy()
-    for s_ in range(c):  # thread (i, j) runs s = 0..i: the others add nothing
-        w = np.where(s_ <= i, sa[m["SA"](i, s_)], 0)
-        num += w * sv[m["SV"](s_, j)]
-        den += w * sv[m["SV"](s_, dv)]
-    out[m["OUT_IDX"](n * c + i, h, j)] = num / (den + eps)
-
-
-def _intra_block_tiled(
-    m: Any,
-    n: int,
-    h: int,
-    sa: Any,
-    sv: Any,
-    in_f: Any,
-    out: Any,
-    c: int,
-    dv: int,
-    t_len: int,
-    eps: Any,
-) -> None:
-    tid = np.arange(TILE_THREADS * TILE_THREADS)
-    tj, ti = tid % TILE_THREADS, tid // TILE_THREADS
-    ri, rj = c // TILE_THREADS, dv // TILE_THREADS
-    rows = m["TROW"](ti[:, None], np.arange(ri)[None, :])  # [threads, RI]
-    cols = m["TCOL"](tj[:, None], np.arange(rj)[None, :])  # [threads, RJ]
-    last = m["TROW"](ti, ri - 1)
-    num = np.zeros((tid.size, ri, rj), dtype=sa.dtype)
-    den = np.zeros((tid.size, ri), dtype=sa.dtype)
-    for s_ in range(c):
-        live = (s_ <= last)[:, None]
-        vv = sv[m["SV"](s_, cols)]
-        w = np.where(live, sa[m["SA"](rows, s_)], 0)
-        den += w
-        num += w[:, :, None] * vv[:, None, :]
-    t = n * c + rows
-    for r in range(ri):
-        ok = t[:, r] < t_len
-        row = m["ROW"](h, n, rows[ok, r])
-        dn = in_f[m["X_IDX"](row, dv)] + den[ok, r] + eps
-        for q in range(rj):
-            j = cols[ok, q]
-            val = (in_f[m["X_IDX"](row, j)] + num[ok, r, q]) / dn
-            out[m["OUT_IDX"](t[ok, r], h, j)] = val
-
-
-def emulate_scan(ds: np.ndarray, s0: np.ndarray, real_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """What `state_scan` writes: (pre [H, NCH, F, DV+1] in real_dtype, fin [H, F, DV+1] f64)."""
-    h_len, nch = ds.shape[:2]
-    e_len = int(np.prod(ds.shape[2:]))
-    m = _macro_fns(SCAN_MACROS, {"E": e_len, "NCH": nch})
-    ds_f = ds.reshape(-1)
-    o = np.arange(h_len * e_len)  # one thread per state entry
-    h, e = m["SCAN_H"](o), m["SCAN_E"](o)
-    acc = s0.reshape(-1).astype(np.float64)
-    pre = np.empty(ds_f.size, dtype=real_dtype)
-    for n in range(nch):
-        idx = m["SCAN_IDX"](h, n, e)
-        d = ds_f[idx].astype(np.float64)
-        pre[idx] = acc
-        acc = acc + d
-    return pre.reshape(ds.shape), acc.reshape(s0.shape)

@@ -27,18 +27,11 @@ import math
 
 import numba
 import numpy as np
+from linstream.ops.decay.constants import ERASING_GATE, LOG_GATE_FLOOR
 from linstream.ops.numba_tools import exp
 from numba import prange
 
 __all__ = ["ERASING_GATE", "LOG_GATE_FLOOR", "chunk_end", "decay_chunks", "floored_log_gates"]
-
-# Log gates below this are raised to it: e^-1000 is 0 in float64 (as is every e^x below -745.2),
-# so no gate's float64 value changes, and sums of a few stay far from -inf.
-LOG_GATE_FLOOR = -1000.0
-# A gate below this keeps less than float64's resolution (e^-37 < 2^-53) of the state before it:
-# such a token starts a chunk (`chunk_end`), so that the prefix sums of a chunk's gates after
-# its first token stay small and their differences keep full precision.
-ERASING_GATE = -37.0
 
 
 def floored_log_gates(log_gate: np.ndarray) -> np.ndarray:

@@ -33,15 +33,12 @@ import math
 
 import numba
 import numpy as np
-from linstream.ops.decay.numba import LOG_GATE_FLOOR, chunk_end
+from linstream.ops.decay.constants import DEFAULT_VECTOR_CHUNK, LOG_GATE_FLOOR
+from linstream.ops.decay.numba import chunk_end
 from linstream.ops.numba_tools import FASTMATH, exp
 from numba import prange
 
 __all__ = ["DEFAULT_VECTOR_CHUNK", "vector_gated_chunks"]
-
-# Chunk length (tests/bench/test_bench_fla.py runs the kernel inside a model; 32 and 64 measured
-# within 10% of each other there, 32 spends half the exponentials on A).
-DEFAULT_VECTOR_CHUNK = 32
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

@@ -1,37 +1,34 @@
 """The model runtime's BLAS thread layout: held at one thread while a chunk's products run.
 
-    with _blas_threads_for(tokens): ...        # numpy backend / float64: one thread below 512 rows
-    blas, split = _thread_layout()             # numba float32: BLAS at one thread, and the row
-    with blas: ...                             # split across the runtime's own threads (or None)
+    blas, split = _thread_layout()             # BLAS at one thread, and the rows of a chunk in
+    with blas: ...                             # ranges fixed by its length (`threads.row_split`)
 
-threadpoolctl finds the process's BLAS libraries once; a limit is shared by every caller
-thread (set by the first in, restored by the last out).
+threadpoolctl finds the process's BLAS libraries once (NumPy's, and the one Numba's kernels call
+through SciPy); a limit is shared by every caller thread (set by the first in, restored by the
+last out).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 __all__: list[str] = []  # private to the model runtime
 
-# Chunks shorter than this run their matrix products on one BLAS thread: a product of a few
-# dozen rows finishes before a second thread is useful, and on a busy machine a multi-threaded
-# BLAS call waits for its slowest thread (measured: 64-token chunks ran up to 10x slower with
-# two threads on a loaded 2-vCPU machine; tests/bench/test_bench_model.py).
-# (The numba float32 path, the default, holds BLAS at one thread for every chunk and splits
-# long chunks' rows across its own threads: _thread_layout.)
-_BLAS_SINGLE_THREAD_BELOW = 512
-
 
 @functools.cache
 def _blas_libraries() -> tuple[Any, ...]:
-    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once)."""
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process (found once),
+    SciPy's among them: Numba's compiled np.dot calls it, and it loads only when a kernel
+    first runs, after this search unless it is loaded first here."""
     from threadpoolctl import ThreadpoolController
 
+    with contextlib.suppress(ImportError):
+        importlib.import_module("scipy.linalg.cython_blas")
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
@@ -95,27 +92,18 @@ class _SingleThreadedBlas:
 _single_threaded_blas = _SingleThreadedBlas()
 
 
-def _blas_threads_for(tokens: int) -> contextlib.AbstractContextManager[None]:
-    """The BLAS thread layout for a chunk of `tokens` rows (one thread for short chunks)."""
-    if tokens < _BLAS_SINGLE_THREAD_BELOW:
-        return _single_threaded_blas()
-    return contextlib.nullcontext()
-
-
 def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
-    """(BLAS thread context, row split or None) for the numba float32 forward.
+    """(BLAS held at one thread, the row split) for a forward on the host.
 
-    With more than one thread, BLAS is held at one thread for every chunk size, and chunks of
-    at least 2 × model_threads.MIN_ROWS tokens split their rows across the runtime's own
-    threads, as many as BLAS has (the caller runs what no helper took, so a busy core costs
-    time, never a stall).  Measured on the shared 2-vCPU machine (tests/bench/RESULTS-model.md):
-    BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the
-    second core was busy (a statically partitioned pool waits for its slowest thread); on a
-    quiet machine one thread alone reached only 1.94x the twin's two threads at 256 tokens.
-    On one thread nothing is split and BLAS is left as it is."""
-    threads = _single_threaded_blas.threads()
-    if threads <= 1:
-        return contextlib.nullcontext(), None
+    BLAS runs on one thread for every chunk, and the rows of a chunk of at least
+    2 × threads.MIN_ROWS tokens run in ranges fixed by its length (`threads.row_ranges`) on the
+    runtime's own threads, as many as BLAS had (the caller runs what no helper took, so a busy
+    core costs time, never a stall).  The bits are then those of the ranges, whatever the
+    thread count: one BLAS call over all rows, or BLAS's own threads, round differently.
+    Measured on the shared 2-vCPU machine (docs/benchmarks.md#the-thread-layout-on-2-threads):
+    BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the second
+    core was busy (a statically partitioned pool waits for its slowest thread); on a quiet
+    machine one thread alone reached only 1.94x the twin's two threads at 256 tokens."""
     from .threads import row_split
 
-    return _single_threaded_blas(), row_split(threads)
+    return _single_threaded_blas(), row_split(_single_threaded_blas.threads())

@@ -6,7 +6,8 @@ rescales each token (FAVOR+, see ops/rules/exact_eps.py), the kernel runs on pre
 with eps = 0 and eps is applied per token afterwards, y = r · den / (den + eps · exp(-s_t - b)),
 as the host path does; a float32 chunk in which a key's largest feature would leave float32's
 normal range runs in float64 (one flag read back from the device).  The CPU tests run the same
-function over NumPy stand-in devices (tests/ops/model/test_model_device.py).
+function over NumPy stand-in devices, and `_CupyDevice` itself with the CUDA kernels on the CPU
+emulator (tests/ops/model/test_model_device.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from linstream.ops.attention_state import AttentionState
+from linstream.ops.cuda import Launcher
 from linstream.ops.feature_maps import FeatureMap, Identity
 from linstream.ops.rules.exact_eps import needs_exact_eps
 
@@ -109,16 +111,23 @@ class _Device:
 
 
 class _CupyDevice(_Device):
-    """The current CuPy device: cuBLAS products, `cupy_causal` on device arrays."""
+    """The CUDA device through CuPy: cuBLAS products, `cupy_causal` on device arrays.  Given a
+    launcher (tests: the CPU emulator of tests/helpers/cuda_emu.py), the same path with that
+    launcher's arrays and kernels."""
 
-    def __init__(self) -> None:
-        from linstream.ops.additive.cupy import cupy_causal, xp_cupy
+    def __init__(self, launcher: Launcher | None = None) -> None:
+        from linstream.ops.additive.cupy import cupy_causal
+        from linstream.ops.cuda import cupy_launcher
 
-        self.xp = xp_cupy()
-        self._causal = cupy_causal
+        self.launcher = launcher if launcher is not None else cupy_launcher()
+        self.xp = self.launcher.xp
+        self._default = launcher is None
+        self._causal = functools.partial(cupy_causal, launcher=launcher)
 
     def cache_key(self) -> Hashable:
-        return ("cupy", int(self.xp.cuda.Device().id))
+        if self._default:
+            return ("cupy", int(self.xp.cuda.Device().id))
+        return ("launcher", id(self.launcher))
 
     def is_device(self, a: Any) -> bool:
         return isinstance(a, self.xp.ndarray)
@@ -127,14 +136,14 @@ class _CupyDevice(_Device):
         return self.xp.asarray(a)
 
     def to_host(self, a: Any) -> np.ndarray:
-        return np.asarray(self.xp.asnumpy(a))
+        return np.asarray(self.launcher.to_host(a))
 
     def attend(
         self, q: Any, k: Any, v: Any, state: AttentionState, *, feature_map: Any, eps: float
     ) -> tuple[Any, AttentionState]:
         # CuPy q and state in -> CuPy out and state: nothing leaves the device (FAVOR+'s
-        # float32 underflow check reads one flag back).  Never run on a GPU in this project's
-        # CI: the same function is tested over NumPy stand-in devices.
+        # float32 underflow check reads one flag back).  Not yet run on a GPU: the CPU tests
+        # run it with the CUDA kernels on the emulator (tests/ops/model/test_model_device.py).
         return exact_eps_attend(
             q, k, v, state, feature_map=feature_map, eps=eps, causal=self._causal, xp=self.xp,
             to_host=self.to_host,

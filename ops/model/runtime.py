@@ -14,7 +14,9 @@ unless the given states are float32.  `compute_dtype=np.float64` runs everything
 (tests compare that mode with the PyTorch twin to ~1e-12).  On the default numba backend in
 float32 the steps between the products are fused Numba passes (`model_kernels`), a token
 model's first projection is a lookup per token id (`_Weights.with_qkv0`), BLAS runs on one
-thread, and chunks of 256 tokens or more split their rows across threads (`model_threads`).
+thread, and chunks of 256 tokens or more split their rows into ranges fixed by the chunk's
+length, run on the process's threads (`model_threads`; on every host path, so the bits do not
+depend on the thread count).
 
 One forward for every device: `model_layers.forward_chunk` (the layers, their update rules and
 fused projections) is written against an array namespace `xp`.  On the host (backend "numpy"
@@ -53,7 +55,7 @@ from linstream.ops.feature_maps import get_feature_map
 from linstream.ops.rules.exact_eps import needs_exact_eps
 
 from . import layers as model_layers
-from .blas import _blas_threads_for, _thread_layout
+from .blas import _thread_layout
 from .config import ModelConfig
 from .device import (
     _cupy_device,
@@ -67,6 +69,7 @@ from .layers import (
     _activation as _activation,  # re-exported (tests/ops/additive/test_numba_kernel.py)
 )
 from .layers import _Weights
+from .protocol import StateLayout, check_token_ids
 from .weights import check_tensors, fingerprint, read_model
 
 if TYPE_CHECKING:
@@ -239,6 +242,31 @@ class EmbeddingModel:
         n_layers, h, f, dv = self.state_shape
         return [AttentionState.zeros(h, f, dv, dt) for _ in range(n_layers)]
 
+    def state_layout(self) -> StateLayout:
+        """The carried state as a checkpoint stores it: S [L, H, F, d_head], z [L, H, F]."""
+        n_layers, h, f, dv = self.state_shape
+        return (("S", (n_layers, h, f, dv)), ("z", (n_layers, h, f)))
+
+    def stack_states(
+        self, states: Sequence[AttentionState], position: int
+    ) -> dict[str, np.ndarray]:
+        """The per-layer states as S and z with the layers first (``position``: the protocol's;
+        these states do not depend on it)."""
+        st = self._check_states(states)
+        return {"S": np.stack([s.S for s in st]), "z": np.stack([s.z for s in st])}
+
+    def unstack_states(
+        self, arrays: Mapping[str, np.ndarray], position: int
+    ) -> list[AttentionState]:
+        """Per-layer states (views of ``arrays``): the inverse of `stack_states`."""
+        layout = dict(self.state_layout())
+        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+        if shapes != layout:
+            msg = f"a state of {shapes} does not fit the model, which carries {layout}"
+            raise ValueError(msg)
+        S, z = arrays["S"], arrays["z"]
+        return [AttentionState(S[i], z[i]) for i in range(len(S))]
+
     def _check_states(self, states: Any) -> list[AttentionState]:
         n_layers, h, f, dv = self.state_shape
         if isinstance(states, AttentionState) or not isinstance(states, Sequence):
@@ -307,30 +335,8 @@ class EmbeddingModel:
             raise TypeError(msg)
         x = np.asarray(inputs)
         if c.input_kind == "tokens":
-            if x.dtype.kind not in "iu":
-                msg = (
-                    f"token ids must be an integer array (e.g. int32 or int64), got dtype {x.dtype}"
-                )
-                raise TypeError(msg)
-            if x.ndim != 1:
-                msg = f"token ids must be 1-D [T], got shape {x.shape}"
-                raise ValueError(msg)
-            if x.shape[0] == 0:
-                msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
-                raise ValueError(msg)
             assert c.vocab_size is not None
-            if x.min() >= 0 and x.max() < c.vocab_size:  # two reductions, no temporaries
-                return x
-            bad = np.flatnonzero((x < 0) | (x >= c.vocab_size))
-            if bad.size:
-                pos = int(bad[0])
-                msg = (
-                    f"unknown token id {int(x[pos])} at position {pos}: the model's vocabulary "
-                    f"has {c.vocab_size} ids (0 to {c.vocab_size - 1})"
-                    + (f"; {bad.size} ids out of range in all" if bad.size > 1 else "")
-                )
-                raise ValueError(msg)
-            return x
+            return check_token_ids(x, c.vocab_size)
         if x.dtype.kind != "f":
             msg = f"feature vectors must be a floating array (float32), got dtype {x.dtype}"
             raise TypeError(msg)
@@ -398,21 +404,20 @@ class EmbeddingModel:
             be = "numba" if rule else name
             return causal_linear_attention(q, k, v, s, feature_map=fm, eps=eps, backend=be, **rule)
 
+        ops = None
         if name == "numba" and self.compute_dtype == np.float32:
             # fused Numba passes for the norms, residual adds and activation
             from .kernels import NumbaOps
 
             ops = NumbaOps(self.config.norm_eps)
-            blas, split = _thread_layout()
-            with blas:
-                return model_layers.forward_chunk(
-                    np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
-                    split=split,
-                )  # fmt: skip
-        with _blas_threads_for(int(x_in.shape[0])):
+        # BLAS at one thread, a long chunk's rows in ranges fixed by its length: the same bits
+        # whatever the thread count (`blas._thread_layout`)
+        blas, split = _thread_layout()
+        with blas:
             return model_layers.forward_chunk(
-                np, self._host, x_in, st, config=self.config, attend=attend
-            )
+                np, self._host, x_in, st, config=self.config, attend=attend, ops=ops,
+                split=split,
+            )  # fmt: skip
 
     def _resolve_backend(self, backend: str) -> str:
         """The backend name for this model: "auto" keeps a model with rule layers on the host."""

@@ -1,17 +1,22 @@
-"""Row ranges of a chunk on helper threads, the caller running whatever no helper took.
+"""Row ranges of a chunk, fixed by its length alone, run on the caller and helper threads.
 
-    split = row_split(threads=2)         # None for one thread
-    split(fn, t)                         # fn(slice) over a partition of range(t), returns when done
-                                         # (ranges of >= MIN_ROWS rows, at most one per thread)
-    limit_threads(4)                     # the process's kernels, BLAS and row split: 4 threads
+    row_ranges(t)                        # the ranges of a chunk of t rows (t alone decides them)
+    split = row_split(threads=2)         # runs them on `threads` threads (1: on the caller)
+    split(fn, t)                         # fn(slice) for each of row_ranges(t), returns when done
 
 The model's per-token work (products, norms, activation) between two attention calls is
-independent per row, so a chunk's rows can be split across threads.  The caller queues every
-range but its first, runs its own, then takes back each range no helper has started and runs
-it too; it waits only for ranges a helper is running.  On a busy machine, where a helper may
-not get a core for milliseconds, the chunk then costs what it costs on one thread, never a wait
-for a thread that is not running (the stall of a statically partitioned pool: BLAS or OpenMP
-threads on a shared 2-vCPU machine ran 64-token chunks up to 10-20x slower).
+independent per row, so a chunk's rows can be split across threads.  A product over a range of
+rows is not bit-equal to the same rows of a product over all of them (BLAS kernels treat a
+block's tail rows, and each thread's share, differently), so the ranges never depend on the
+number of threads: one range below 2 × MIN_ROWS rows, two up to 2 × RANGE_ROWS, and 2^k ranges
+of at least RANGE_ROWS rows beyond; with BLAS at one thread (`blas`), the bits of a forward are
+the same on one thread or many, whoever runs which range.  The caller and the helpers take the
+next range nobody has taken until none is left; the caller then takes back the helpers' turns
+that have not started and waits only for a helper that is running a range.  On a busy machine,
+where a helper may not get a core for milliseconds, the chunk then costs what it costs on one
+thread, never a wait for a thread that is not running (the stall of a statically partitioned
+pool: BLAS or OpenMP threads on a shared 2-vCPU machine ran 64-token chunks up to 10-20x
+slower).
 
 The helpers are one `concurrent.futures.ThreadPoolExecutor` per thread count, shared by every
 caller of the process (several Beam threads may embed at once; each runs what the helpers
@@ -24,26 +29,20 @@ Python between them is short.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-__all__ = ["limit_threads", "row_split", "thread_counts"]
-
-#: What each library reads, when it loads, for its thread count (Numba's pool; OpenMP, OpenBLAS
-#: and MKL's BLAS): set by `limit_threads` for this process and the worker processes it starts.
-_THREAD_VARIABLES = (
-    "NUMBA_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-)
+__all__ = ["RANGE_ROWS", "row_ranges", "row_split"]
 
 # A range shorter than this is not worth a hand-off: on the loaded 2-vCPU machine halves of
 # 32-64 rows cost 30-47% more CPU than one pass (each re-packs the whole weight matrix for its
-# products, plus the hand-offs), so chunks under 2 × MIN_ROWS tokens run on the caller alone.
+# products, plus the hand-offs), so chunks under 2 × MIN_ROWS tokens are one range.
 MIN_ROWS = 128
+# Beyond two ranges, each has at least this many rows: measured on one thread here, products of
+# the models' shapes over ranges of 128 rows cost 10-25% more than one call over 2,048, ranges
+# of 512 or more about the same; a power of two keeps 2, 4, 8 threads evenly loaded.
+RANGE_ROWS = 1024
 
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -69,67 +68,53 @@ def _pool_for(n: int) -> ThreadPoolExecutor:
     return pool
 
 
-def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None] | None:
-    """A `model_layers.RowSplit` over `threads` threads (the caller and threads - 1 helpers),
-    or None for one thread."""
-    if threads <= 1:
-        return None
-    pool = _pool_for(threads - 1)
+def row_ranges(t: int) -> list[slice]:
+    """The ranges of a chunk of t rows, in order: one below 2 × MIN_ROWS, else the most of
+    2, 4, 8, ... that leaves each at least RANGE_ROWS rows (2 at least), of equal lengths ±1."""
+    if t < 2 * MIN_ROWS:
+        return [slice(0, t)]
+    parts = 2
+    while 2 * parts * RANGE_ROWS <= t:
+        parts *= 2
+    bounds = [t * i // parts for i in range(parts + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None]:
+    """A `model_layers.RowSplit` running `row_ranges` on `threads` threads (the caller and
+    threads - 1 helpers; one thread: the caller alone, in order)."""
+    pool = _pool_for(threads - 1) if threads > 1 else None
 
     def split(fn: Callable[[slice], None], t: int) -> None:
-        parts = max(1, min(threads, t // MIN_ROWS))
-        if parts == 1:
-            fn(slice(0, t))
-            return
-        bounds = [t * i // parts for i in range(parts + 1)]
-        rows = [slice(bounds[i], bounds[i + 1]) for i in range(1, parts)]
-        handed: list[Future[None]] = [pool.submit(fn, r) for r in rows]
-        try:
-            fn(slice(bounds[0], bounds[1]))
-        finally:
-            # A range no helper has started is taken back (cancelled) and run here; only a
-            # range a helper is running is waited for.
-            mine = [r for r, f in zip(rows, handed, strict=True) if f.cancel()]
-            for r in mine:
+        ranges = row_ranges(t)
+        if pool is None or len(ranges) == 1:
+            for r in ranges:
                 fn(r)
-            # Not `wait(handed)`: a cancelled future counts as done only once a helper has
-            # dequeued it, so that would wait for a busy helper after all.
-            wait([f for f in handed if not f.cancelled()])
-        for f in handed:
-            if not f.cancelled():
-                f.result()  # raises the range's error
+            return
+        lock = threading.Lock()
+        taken = 0
+
+        def work() -> None:  # take the next range nobody has taken, until none is left
+            nonlocal taken
+            while True:
+                with lock:
+                    i, taken = taken, taken + 1
+                if i >= len(ranges):
+                    return
+                fn(ranges[i])
+
+        turns: list[Future[None]] = [
+            pool.submit(work) for _ in range(min(threads, len(ranges)) - 1)
+        ]
+        try:
+            work()
+        finally:
+            # A helper's turn that has not started is taken back (cancelled: the caller has run
+            # its ranges); only a helper running a range is waited for.  Not `wait(turns)`: a
+            # cancelled future counts as done only once a helper has dequeued it.
+            running = [f for f in turns if not f.cancel()]
+            wait(running)
+        for f in running:
+            f.result()  # raises the range's error
 
     return split
-
-
-def limit_threads(n: int) -> None:
-    """Bound this process's compute threads to ``n``, as llama.cpp's ``-t`` and PyTorch's
-    ``torch.set_num_threads`` do: Numba's pool (the kernels' ``prange`` loops), BLAS's (NumPy's
-    matrix products, through threadpoolctl) and the model runtime's row split (as many threads
-    as BLAS has).  Worker processes started afterwards inherit it (the environment variables
-    each library reads when it loads).  Numba sizes its pool when it is first imported: call
-    this before anything loads a model (once Numba is imported, only the calling thread's share
-    can still be bounded)."""
-    if n < 1:
-        msg = f"threads: expected a whole number >= 1, got {n!r}"
-        raise ValueError(msg)
-    for name in _THREAD_VARIABLES:
-        os.environ[name] = str(n)
-    if "numba" in sys.modules:
-        import numba
-
-        pool = int(getattr(numba.config, "NUMBA_NUM_THREADS", n))  # its size, set at import
-        numba.set_num_threads(min(n, pool))
-    if "numpy" in sys.modules:  # its BLAS is loaded: bound it now (else the variables do)
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=n, user_api="blas")
-
-
-def thread_counts() -> tuple[int, int]:
-    """(Numba's threads, BLAS's threads) in this process, as the libraries report them."""
-    import numba
-    from threadpoolctl import threadpool_info
-
-    blas = [int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
-    return int(numba.get_num_threads()), max([1, *blas])

@@ -12,12 +12,22 @@ from linstream.ops.delta.naive import delta_recurrent, gated_delta_recurrent, un
 from linstream.ops.delta.numba import delta_chunks
 
 from .dispatch import DEFAULT_RULE_CHUNK, check_rule_backend, rule_causal
-from .params import DECAYING_RULES, DELTA_RULES, RULES, RuleInputs, check_rule
+from .params import (
+    DECAYING_RULES,
+    DELTA_RULES,
+    PARAMETERS,
+    PER_TOKEN_INPUTS,
+    RULES,
+    RuleInputs,
+    check_rule,
+)
 
 __all__ = [
     "DECAYING_RULES",
     "DEFAULT_RULE_CHUNK",
     "DELTA_RULES",
+    "PARAMETERS",
+    "PER_TOKEN_INPUTS",
     "RULES",
     "RuleInputs",
     "check_rule",

@@ -16,16 +16,30 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["DECAYING_RULES", "DELTA_RULES", "RULES", "RuleInputs", "check_rule"]
+__all__ = [
+    "DECAYING_RULES",
+    "DELTA_RULES",
+    "PARAMETERS",
+    "PER_TOKEN_INPUTS",
+    "RULES",
+    "RuleInputs",
+    "check_rule",
+]
 
 RULES = ("additive", "decay", "gated", "delta", "gated_delta")
 DECAYING_RULES = ("decay", "gated")
 DELTA_RULES = ("delta", "gated_delta")
 
-_USES = {
+#: The rules that take each parameter: gamma is fixed per head; log_alpha and beta come with
+#: every token ([T, H]).
+PARAMETERS: dict[str, tuple[str, ...]] = {
     "gamma": ("decay",),
     "log_alpha": ("gated", "gated_delta"),
     "beta": ("delta", "gated_delta"),
+}
+#: The per-token inputs ([T, H]) of each rule, in order (a pipeline's chunks carry them).
+PER_TOKEN_INPUTS: dict[str, tuple[str, ...]] = {
+    rule: tuple(n for n in ("log_alpha", "beta") if rule in PARAMETERS[n]) for rule in RULES
 }
 
 
@@ -92,7 +106,7 @@ def check_rule(
         raise TypeError(msg)
     given = {"gamma": gamma, "log_alpha": log_alpha, "beta": beta}
     for name, value in given.items():
-        uses = _USES[name]
+        uses = PARAMETERS[name]
         if rule in uses and value is None:
             msg = f"rule {rule!r} needs {name} ({_shape_of(name, t, h)}), got None"
             raise ValueError(msg)

@@ -1,14 +1,19 @@
 """What the one-line API embeds: texts, files, folders and arrays, each one sequence with an id,
 cut into chunks the way `linstream embed` cuts them.
 
-`sources(inputs, ...)` names every sequence and checks it before anything is computed (an empty
-text, a file that is not UTF-8 text, token ids outside the model's vocabulary: ValueError
-naming the sequence); `Source.chunks()` then yields its chunks lazily: a file read by the
-built-in byte tokenizer is read one chunk at a time, so memory stays bounded whatever its size.
+`sources(inputs, ...)` names every sequence and checks what the caller passed directly before
+anything is computed (an empty text, token ids outside the model's vocabulary, two inputs of one
+id: ValueError naming the sequence).  `Source.chunks()` then yields its chunks lazily, through
+the command line's own code: text is cut by `ToChunks`' `sequence_chunks`, and files are read
+by the embed job's reader (`read_text_file`, Beam's filesystems: a compressed file is read
+decompressed), so a file that is not UTF-8 text, cannot be read or has no tokens yields the
+dead letter `linstream embed` writes for it.  A file read by the built-in byte tokenizer is read
+one chunk at a time, so memory stays bounded whatever its size.
 
 Ids follow `linstream embed`, so that a checkpoint folder serves both: a file is named by its
 name, a folder's files by their paths relative to it ("notes/a.txt"); texts and arrays in a list
-by their position ("0", "1", ...); a mapping's values by its keys.  No Beam here.
+by their position ("0", "1", ...); a mapping's values by its keys.  Texts and arrays need no
+Beam; reading files imports Beam's filesystems.
 """
 
 from __future__ import annotations
@@ -20,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linstream.pipeline.io.text_sniff import SNIFF_BYTES, not_text_reason
+from linstream.ops.model.protocol import StreamingModel
+from linstream.pipeline.io.text_chunks import cut, sequence_chunks
 from linstream.pipeline.io.tokenizers import TextTokenizer
+from linstream.pipeline.values import Chunk, DeadLetter
 
 __all__ = ["Source", "sources"]
-
-#: One chunk: (index, payload, final).
-Chunk = tuple[int, np.ndarray, bool]
 
 
 @dataclass(frozen=True)
@@ -47,60 +51,73 @@ class Source:
         if not self.tokenizer.is_bytes:
             return None
         if self.kind == "file":
-            return os.path.getsize(self.value)
+            try:
+                return os.path.getsize(self.value)
+            except OSError:  # the reader says what is wrong with it
+                return None
         return len(str(self.value).encode("utf-8", "surrogatepass"))
 
-    def chunks(self) -> Iterator[Chunk]:
-        """Its chunks in order, the last one final (as `linstream embed` cuts them)."""
-        if self.kind == "file" and self.tokenizer.is_bytes:
-            yield from _file_chunks(self.value, self.chunk_tokens)
-            return
+    def chunks(self) -> Iterator[Chunk | DeadLetter]:
+        """Its chunks in order, the last one final (as `linstream embed` cuts them), or the
+        dead letter that says why it has none (a dead letter after chunks: reading the file
+        failed part way, and `linstream embed` keeps none of its chunks)."""
         if self.kind == "file":
-            with open(self.value, "rb") as f:
-                ids = self.tokenizer.encode_bytes(f.read())
+            yield from self._file_chunks()
         elif self.kind == "text":
-            ids = self.tokenizer.encode(self.value)
+            yield from _each(
+                sequence_chunks(self.seq_id, self.value, self.tokenizer, self.chunk_tokens)
+            )
         else:
-            ids = self.value
-        if len(ids) == 0:
-            msg = f"sequence {self.seq_id!r}: expected at least one token, got none"
-            raise ValueError(msg)
-        n = -(-len(ids) // self.chunk_tokens)
-        for i in range(n):
-            part = ids[i * self.chunk_tokens : (i + 1) * self.chunk_tokens]
-            yield i, np.ascontiguousarray(part), i == n - 1
+            yield from cut(self.seq_id, self.value, self.chunk_tokens)
 
+    def _file_chunks(self) -> Iterator[Chunk | DeadLetter]:
+        from linstream.pipeline.io.text_input import read_text_file
 
-def _file_chunks(path: str, size: int) -> Iterator[Chunk]:
-    """A file's bytes as token ids, ``size`` at a time, read one chunk ahead (to mark the last)."""
-    with open(path, "rb") as f:
-        ahead = f.read(size)
+        seq_id, tok, size = self.seq_id, self.tokenizer, self.chunk_tokens
+        if not tok.is_bytes:  # the tokenizer reads the whole text, as the job's does
+            for part in read_text_file(seq_id, self.value, require_text=True):
+                if isinstance(part, DeadLetter):
+                    yield part
+                else:
+                    yield from _each(sequence_chunks(seq_id, part, tok, size))
+            return
+        # The byte tokenizer: a chunk's ids are its bytes, read one chunk ahead (to mark the last).
+        ahead: bytes | None = None
         i = 0
-        while ahead:
-            nxt = f.read(size)
-            yield i, np.frombuffer(ahead, np.uint8).astype(np.int32), not nxt
-            ahead, i = nxt, i + 1
+        for part in read_text_file(seq_id, self.value, require_text=True, piece=size):
+            if isinstance(part, DeadLetter):
+                yield part
+                return
+            if ahead is not None:
+                yield Chunk(seq_id, i, tok.encode_bytes(ahead), final=False)
+                i += 1
+            ahead = part
+        if ahead is None:  # an empty file: the dead letter the job gives it
+            yield from _each(sequence_chunks(seq_id, b"", tok, size))
+        else:
+            yield Chunk(seq_id, i, tok.encode_bytes(ahead), final=True)
+
+
+def _each(chunks: list[Chunk] | DeadLetter) -> list[Chunk | DeadLetter]:
+    return [chunks] if isinstance(chunks, DeadLetter) else list(chunks)
 
 
 def _files_of(path: Path) -> list[tuple[str, str]]:
     """(id, path) of a file (its name) or of every file below a folder (relative paths; hidden
-    names skipped), as `linstream embed --input` names them."""
+    names skipped), as `linstream embed --input` lists and names them."""
+    from linstream.pipeline.io.text_input import folder_files, sequence_id
+
+    where = str(path)
     if path.is_dir():
-        found = []
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in filenames:
-                if not name.startswith("."):
-                    full = os.path.join(dirpath, name)
-                    found.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
+        found = folder_files(where)
         if not found:
             msg = f"{path}: the folder has no files"
             raise ValueError(msg)
-        return sorted(found)
+        return [(sequence_id(where, p), p) for p in found]
     if not path.exists():
         msg = f"{path}: no such file or folder"
         raise FileNotFoundError(msg)
-    return [(path.name, str(path))]
+    return [(sequence_id(os.path.dirname(where) or ".", where), where)]
 
 
 def _is_array(value: Any) -> bool:
@@ -150,7 +167,7 @@ def _named(inputs: Any) -> tuple[list[tuple[str, str, Any]], bool]:
     return out, False
 
 
-def _check_array(seq_id: str, arr: np.ndarray, model: Any) -> np.ndarray:
+def _check_array(seq_id: str, arr: np.ndarray, model: StreamingModel) -> np.ndarray:
     cfg = model.config
     if cfg.input_kind == "tokens" and arr.dtype.kind in "iu":
         arr = arr.astype(np.int64, copy=False)
@@ -164,20 +181,8 @@ def _check_array(seq_id: str, arr: np.ndarray, model: Any) -> np.ndarray:
     return arr
 
 
-def _check_file(seq_id: str, path: str) -> None:
-    with open(path, "rb") as f:
-        head = f.read(SNIFF_BYTES)
-    if not head:
-        msg = f"sequence {seq_id!r}: {path} is empty (no tokens to embed)"
-        raise ValueError(msg)
-    why = not_text_reason(head)
-    if why is not None:
-        msg = f"sequence {seq_id!r}: {path} is not a text file (UTF-8): found {why}"
-        raise ValueError(msg)
-
-
 def sources(
-    inputs: Any, tokenizer: TextTokenizer, chunk_tokens: int, model: Any
+    inputs: Any, tokenizer: TextTokenizer, chunk_tokens: int, model: StreamingModel
 ) -> tuple[list[Source], bool]:
     """Every sequence of ``inputs``, checked (see the module docstring); and whether the input
     was a single text or array (whose result is one row, not a list of rows)."""
@@ -196,12 +201,10 @@ def sources(
         if kind != "array" and not text_model:
             msg = f"sequence {seq_id!r}: model reads feature vectors, not text; give arrays"
             raise ValueError(msg)
-        if kind == "file":
-            _check_file(seq_id, value)
-        elif kind == "text" and not value:
+        if kind == "text" and not value:
             msg = f"sequence {seq_id!r}: an empty text (no tokens to embed)"
             raise ValueError(msg)
-        elif kind == "array":
+        if kind == "array":
             value = _check_array(seq_id, value, model)
         out.append(Source(seq_id, kind, value, tokenizer, chunk_tokens))
     return out, single

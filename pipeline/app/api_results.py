@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from linstream.pipeline.stage.span_rows import spans_table
+from linstream.pipeline.stage.spans.rows import spans_table
 
 __all__ = ["progress_bar", "results_table"]
 

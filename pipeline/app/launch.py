@@ -35,7 +35,7 @@ from typing import Any
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.input_plan import InputPlan, input_files, missing_model, plan_input
 from linstream.pipeline.io.reader_config import StreamConfig
-from linstream.pipeline.stage.model_layer import checked_layer, is_folder_model
+from linstream.pipeline.stage.model_layer import checked_layer
 
 from .options import EMBED_FLAGS, EmbedConfig
 from .runners import check_beam_args, is_local_runner, runner_of
@@ -159,7 +159,7 @@ def _check_backend(config: EmbedConfig, runner: str) -> None:
 def _log_threads() -> None:
     """`-v`: the threads the kernels and BLAS use here (`--threads`, else every core)."""
     if _log.isEnabledFor(logging.INFO):
-        from linstream.ops.model.threads import thread_counts
+        from linstream.ops.model.thread_limit import thread_counts
 
         numba_threads, blas = thread_counts()
         _log.info("threads: %d for the kernels (Numba), %d for BLAS", numba_threads, blas)
@@ -168,7 +168,7 @@ def _log_threads() -> None:
 def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] = ()) -> Launch:
     """Run every check (the module docstring's order); the `Launch` the job is built from."""
     if config.threads is not None:  # first: Numba sizes its pool when a model first loads it
-        from linstream.ops.model.threads import limit_threads
+        from linstream.ops.model.thread_limit import limit_threads
 
         limit_threads(config.threads)
     check_flags(config, beam_args)
@@ -188,7 +188,7 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
         if store is not None:
             check_checkpoint_dir(config, store)
         model = load_job_model(config)
-        checked_layer(config.layer, model, is_folder_model(model))
+        checked_layer(config.layer, model)
         _log_threads()
         inputs = None if wanted is None else plan_input(wanted, files)
         total = None

@@ -35,6 +35,7 @@ __all__ = [
     "InputPlan",
     "detect_format",
     "expand_input",
+    "folder_files",
     "input_files",
     "missing_model",
     "plan_input",
@@ -109,6 +110,15 @@ def _remote_match(item: str, pattern: str) -> list[str]:
     return sorted(m.path for m in metas)
 
 
+def folder_files(folder: str) -> list[str]:
+    """Every file below a local folder, hidden names (and what is below them) skipped, sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found += [os.path.join(dirpath, f) for f in filenames if not f.startswith(".")]
+    return sorted(found)
+
+
 def expand_input(spec: str) -> list[tuple[str, str]]:
     """(root, path) of every file `--input` names: folders (all files below them, hidden ones
     skipped), files, globs, comma-separated.  Raises UsageError when something matches nothing."""
@@ -119,14 +129,11 @@ def expand_input(spec: str) -> list[tuple[str, str]]:
         local = "://" not in item
         path = item
         if local and os.path.isdir(path):
-            found = []
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                found += [os.path.join(dirpath, f) for f in filenames if not f.startswith(".")]
+            found = folder_files(path)
             if not found:
                 msg = f"--input {item}: the folder has no files"
                 raise UsageError(msg)
-            out += [(path, p) for p in sorted(found)]
+            out += [(path, p) for p in found]
             continue
         if local and not (_GLOB & set(path)):
             if not os.path.lexists(path):

@@ -16,6 +16,11 @@ What `--input` names (the files, their format, the tokenizer) is looked at once,
 is launched and before Beam is imported, by `plan_input` (input_plan.py); `read_input` takes
 that plan, or makes it.  A compressed file (`.gz`, ...) is read decompressed, its sequence id
 without the suffix.
+
+Over 400 lines because one plan (`input_plan`: the files, their format, the tokenizer) serves
+the reader and the counts made before the run (`input_token_total`, `input_sequence_ids`), and
+those share its private helpers (sequence ids from paths, special files); the format sniffing
+and the per-stage progress lines live in modules of their own.
 """
 
 from __future__ import annotations
@@ -26,18 +31,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, DeadLetter
 
-from .input_plan import InputPlan, detect_format, expand_input, plan_input
-from .input_plan import sequence_id as _relative_id
+from .input_plan import (
+    InputPlan,
+    detect_format,
+    expand_input,
+    folder_files,
+    plan_input,
+    sequence_id,
+)
 from .read_progress import ReadProgress
 from .reader_config import InputConfig
 from .special_files import not_a_regular_file, special_file_message
+from .text_chunks import cut, sequence_chunks
 from .text_sniff import NOT_TEXT, SNIFF_BYTES, not_text_reason
-from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
+from .tokenizers import TextTokenizer, resolve_tokenizer
 
 __all__ = [
     "DEAD_LETTERS",
@@ -45,11 +56,15 @@ __all__ = [
     "InputConfig",
     "InputPlan",
     "ToChunks",
+    "cut",
     "detect_format",
     "expand_input",
+    "folder_files",
     "not_text_reason",
     "plan_input",
     "read_input",
+    "read_text_file",
+    "sequence_id",
 ]
 
 DEAD_LETTERS = "dead_letters"
@@ -59,14 +74,6 @@ NAMESPACE = "linstream"
 def _counter_dead(reason: str) -> None:
     Metrics.counter(NAMESPACE, "dead_letters").inc()
     Metrics.counter(NAMESPACE, f"dead_letters.{reason}").inc()
-
-
-def cut(seq_id: str, tokens: np.ndarray, chunk_tokens: int) -> Iterator[Chunk]:
-    """Chunks of `chunk_tokens` tokens (the last may be shorter), 0-based, the last `final`."""
-    n = max(1, -(-len(tokens) // chunk_tokens))
-    for i in range(n):
-        part = np.ascontiguousarray(tokens[i * chunk_tokens : (i + 1) * chunk_tokens])
-        yield Chunk(seq_id, i, part, final=i == n - 1)
 
 
 def _cut_line(c: dict[str, int]) -> str:
@@ -98,38 +105,24 @@ class _ToChunksFn(beam.DoFn):
         except (TypeError, ValueError):
             yield _dead(repr(element)[:80], "bad_input_row", "expected (seq_id, text or tokens)")
             return
-        seq_id = str(seq_id)
-        try:
-            tokens = self._tokens(payload)
-        except (ValueError, TypeError, UnicodeDecodeError, TokenizerError) as ex:
-            yield _dead(seq_id, "untokenizable", f"sequence {seq_id!r}: {ex}")
-            return
-        if len(tokens) == 0:
-            yield _dead(seq_id, "empty_sequence", f"sequence {seq_id!r} has no tokens")
+        chunks = sequence_chunks(str(seq_id), payload, self.tokenizer, self.chunk_tokens)
+        if isinstance(chunks, DeadLetter):
+            yield _tagged(chunks)
             return
         if self._progress is not None:
-            chunks = -(-len(tokens) // self.chunk_tokens)
-            self._progress.add(sequences=1, chunks=chunks, tokens=len(tokens))
-        yield from cut(seq_id, tokens, self.chunk_tokens)
+            tokens = sum(len(c.data) for c in chunks)
+            self._progress.add(sequences=1, chunks=len(chunks), tokens=tokens)
+        yield from chunks
 
-    def _tokens(self, payload: Any) -> np.ndarray:
-        if isinstance(payload, str):
-            return self.tokenizer.encode(payload)
-        if isinstance(payload, (bytes, bytearray, memoryview)):
-            return self.tokenizer.encode_bytes(bytes(payload))
-        arr = np.asarray(payload)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            msg = f"expected text or a flat list of integer token ids, got {payload!r:.80}"
-            raise ValueError(msg)
-        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
-            msg = f"token ids must be in [0, 2**31), got {int(arr.min())}..{int(arr.max())}"
-            raise ValueError(msg)
-        return arr.astype(np.int32)
+
+def _tagged(dead: DeadLetter) -> beam.pvalue.TaggedOutput:
+    """A dead letter on the dead-letter output, counted."""
+    _counter_dead(dead.reason)
+    return beam.pvalue.TaggedOutput(DEAD_LETTERS, dead)
 
 
 def _dead(seq_id: str, reason: str, message: str) -> beam.pvalue.TaggedOutput:
-    _counter_dead(reason)
-    return beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(seq_id, None, reason, message))
+    return _tagged(DeadLetter(seq_id, None, reason, message))
 
 
 class ToChunks(beam.PTransform):
@@ -200,31 +193,22 @@ class _ReadSequences(beam.DoFn):
         Metrics.counter(NAMESPACE, "input_files").inc()
         if self._progress is not None:
             self._progress.add(files=1, bytes=_size_or_zero(path))
+        seq_id = sequence_id(root, path)
+        if self.fmt == "text":
+            for part in read_text_file(seq_id, path, require_text=self.require_text):
+                yield _tagged(part) if isinstance(part, DeadLetter) else (seq_id, part)
+            return
         kind = not_a_regular_file(path)
         if kind is not None:  # a FIFO would block the open
-            msg = f"{path}: {special_file_message(kind)}"
-            yield _dead(_relative_id(root, path), "unreadable_file", msg)
+            yield _dead(seq_id, "unreadable_file", f"{path}: {special_file_message(kind)}")
             return
         try:
-            if self.fmt == "text":
-                with FileSystems.open(path) as fh:
-                    data = bytes(fh.read())
-                why = not_text_reason(data[:SNIFF_BYTES]) if self.require_text else None
-                if why is not None:
-                    msg = (
-                        f"{path}: expected a text file (UTF-8), found {why}; it is not embedded "
-                        "(--input-format text embeds any file as its bytes)"
-                    )
-                    yield _dead(_relative_id(root, path), NOT_TEXT, msg)
-                    return
-                yield (_relative_id(root, path), data)
-            elif self.fmt in ("jsonl", "tokens-jsonl"):
+            if self.fmt in ("jsonl", "tokens-jsonl"):
                 yield from self._json_lines(path)
             else:
                 yield from self._parquet_rows(path)
         except Exception as ex:  # any reader error: that file is a dead letter, the job goes on
-            seq = _relative_id(root, path)
-            yield _dead(seq, "unreadable_file", f"{path}: {type(ex).__name__}: {ex}")
+            yield _dead(seq_id, "unreadable_file", f"{path}: {type(ex).__name__}: {ex}")
 
     def _json_lines(self, path: str) -> Iterator[Any]:
         with FileSystems.open(path) as fh:
@@ -276,6 +260,67 @@ class _ReadSequences(beam.DoFn):
             msg = f"{where}: {self.payload_column!r} must be a string, got {payload!r:.60}"
             return _dead(str(seq_id), "bad_input_row", msg)
         return (str(seq_id), payload)
+
+
+def read_text_file(
+    seq_id: str, path: str, *, require_text: bool, piece: int | None = None
+) -> Iterator[bytes | DeadLetter]:
+    """A text file as the embed job reads it (`--input-format text`, or `auto` with
+    ``require_text``): its bytes, whole or (``piece``) in pieces of that many bytes, the last
+    shorter; or the dead letter saying why it is not read: a FIFO, socket or device
+    (`unreadable_file`, never opened), a file whose first 8 KiB are not UTF-8 text (`not_text`,
+    with ``require_text``), or an error while reading it (`unreadable_file`, after the pieces
+    read before it).  Compressed files (.gz, ...) are read decompressed (Beam's filesystems).
+    The embed job's reader and the one-line API read every file through this."""
+    kind = not_a_regular_file(path)
+    if kind is not None:  # a FIFO would block the open
+        msg = f"{path}: {special_file_message(kind)}"
+        yield DeadLetter(seq_id, None, "unreadable_file", msg)
+        return
+    try:
+        with FileSystems.open(path) as fh:
+            if piece is None:
+                data = bytes(fh.read())
+                head = data[:SNIFF_BYTES]
+            else:
+                head = _read_full(fh, max(piece, SNIFF_BYTES))
+            why = not_text_reason(head[:SNIFF_BYTES]) if require_text else None
+            if why is not None:
+                msg = (
+                    f"{path}: expected a text file (UTF-8), found {why}; it is not embedded "
+                    "(--input-format text embeds any file as its bytes)"
+                )
+                yield DeadLetter(seq_id, None, NOT_TEXT, msg)
+                return
+            if piece is None:
+                yield data
+                return
+            buf = head
+            while True:
+                while len(buf) >= piece:
+                    yield buf[:piece]
+                    buf = buf[piece:]
+                more = _read_full(fh, piece)
+                if not more:
+                    break
+                buf += more
+            if buf:
+                yield buf
+    except Exception as ex:  # any reader error: that file is a dead letter, the job goes on
+        msg = f"{path}: {type(ex).__name__}: {ex}"
+        yield DeadLetter(seq_id, None, "unreadable_file", msg)
+
+
+def _read_full(fh: Any, n: int) -> bytes:
+    """``n`` bytes of ``fh``, fewer only at its end."""
+    parts, got = [], 0
+    while got < n:
+        part = bytes(fh.read(n - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _size_or_zero(path: str) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.pipeline.elements import ChunkResult
+from linstream.pipeline.values import ChunkResult
 from linstream.state import SequenceState, pack_layers, pack_state
 
 from .counters import Counters

@@ -17,7 +17,8 @@ flag in the meta record says so: a bag is read or cleared only when that flag is
 sequence whose chunks are small never touches them.
 
 The stage reaches the three through `StateCells` (a `ValueCell` and two `Bag`s): Beam's runtime
-state objects satisfy that interface, and so do the in-memory stand-ins of the tests.
+state objects satisfy that interface, and so do `memory_cells()`, one key's state in memory (the
+one-line API runs the stage with them, without a runner), and the stand-ins of the tests.
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
-from linstream.pipeline.elements import Chunk, ChunkCoder, ChunkResult, ChunkResultCoder
+from linstream.pipeline.values import (
+    Chunk,
+    ChunkResult,
+    decode_chunk,
+    decode_result,
+    encode_chunk,
+    encode_result,
+)
 from linstream.state import SequenceState, pack_state
 
 from .applier import Working
@@ -39,9 +47,12 @@ __all__ = [
     "HOLD_BYTES",
     "Bag",
     "Cells",
+    "MemoryBag",
+    "MemoryCell",
     "Ready",
     "StateCells",
     "ValueCell",
+    "memory_cells",
     "pack_records",
     "unpack_records",
 ]
@@ -76,6 +87,40 @@ class StateCells:
     outbuf: Bag[ChunkResult]
 
 
+class MemoryCell:
+    """A `ValueCell` in memory."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def read(self) -> Any:
+        return self.value
+
+    def write(self, value: Any) -> None:
+        self.value = value
+
+
+class MemoryBag(Generic[T]):
+    """A `Bag` in memory."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+
+    def read(self) -> list[T]:
+        return list(self.items)
+
+    def add(self, value: T) -> None:
+        self.items.append(value)
+
+    def clear(self) -> None:
+        self.items = []
+
+
+def memory_cells() -> StateCells:
+    """One key's state in memory: what a runner keeps for a key, without a runner."""
+    return StateCells(MemoryCell(), MemoryBag(), MemoryBag())
+
+
 #: Bytes of outputs, and of buffered chunks, kept in the `seq` cell before the bags are used.
 HOLD_BYTES = 256 << 10
 #: Chunks read from the bag into memory at once while draining (payload bytes bound it too).
@@ -86,7 +131,6 @@ Ready = tuple[int, Any, bool, bytes]
 
 _HEAD = struct.Struct("<6I")
 _REC = struct.Struct("<qI")  # chunk index, bytes of the record
-_CHUNKS, _RESULTS = ChunkCoder(), ChunkResultCoder()
 
 
 def pack_records(records: Iterable[tuple[int, bytes]]) -> bytes:
@@ -151,7 +195,7 @@ class Cells:
 
     # -- outputs since the last commit --------------------------------------------------------
     def hold_output(self, result: ChunkResult) -> None:
-        rec = _RESULTS.encode(result)
+        rec = encode_result(result)
         if not self.meta.outputs_in_bag and len(self._outputs) + len(rec) <= HOLD_BYTES:
             self._outputs += pack_records([(int(result.index), rec)])
         else:
@@ -159,7 +203,7 @@ class Cells:
             self.meta.outputs_in_bag = True
 
     def held_outputs(self) -> list[ChunkResult]:
-        results = [_RESULTS.decode(r) for _, r in unpack_records(self._outputs)]
+        results = [decode_result(r) for _, r in unpack_records(self._outputs)]
         if self.meta.outputs_in_bag:
             results.extend(self.outbuf.read())
         return results
@@ -172,7 +216,7 @@ class Cells:
 
     # -- chunks waiting for their predecessors ------------------------------------------------
     def hold_chunk(self, chunk: Chunk) -> None:
-        rec = _CHUNKS.encode(chunk)
+        rec = encode_chunk(chunk)
         if len(self._chunks) + len(rec) <= HOLD_BYTES:
             self._chunks += pack_records([(int(chunk.index), rec)])
         else:
@@ -182,7 +226,7 @@ class Cells:
     def held_chunks(self, want: range, limit: int) -> dict[int, Chunk]:
         """The buffered chunks of ``want``: those held in the cell, then (only if one is missing
         and the bag holds chunks) those read from the bag while under ``limit`` bytes."""
-        got = {i: _CHUNKS.decode(r) for i, r in unpack_records(self._chunks) if i in want}
+        got = {i: decode_chunk(r) for i, r in unpack_records(self._chunks) if i in want}
         if self.meta.chunks_in_bag and len(got) < len(want):
             held = sum(_nbytes(c.data) for c in got.values())
             for c in self.buffer.read():

@@ -30,7 +30,7 @@ from linstream.state import (
     SequenceState,
     SupersededError,
 )
-from linstream.state.store.manifest import Manifest
+from linstream.state.store import Manifest
 
 from .cells import Cells
 from .counters import Counters
@@ -149,6 +149,14 @@ class Commits:
                 f"sequence {seq_id!r} was evicted after its commit {meta.commit_no}, but the "
                 f"newest commit in {self.store.root!r} is {head.history.commit}: another job "
                 "advanced it (one writer per sequence history)"
+            )
+            raise CheckpointError(msg)
+        if _no_running_sum(head, self.emit):  # made with another emit than "sequence"
+            msg = (
+                f"sequence {seq_id!r}: its checkpoint in {self.store.root!r} was made with "
+                "another emit than 'sequence' (it carries no running sum), so the mean over "
+                "all its tokens cannot be formed; continue it with the emit it was made with, "
+                "or start it again in an empty checkpoint folder"
             )
             raise CheckpointError(msg)
         if head is None:
@@ -321,6 +329,14 @@ class Commits:
         meta.committed_position = st.position
         cells.clear_outputs()
         return st, None
+
+
+def _no_running_sum(head: Head | None, emit: str) -> bool:
+    """Whether ``head`` cannot be continued with emit="sequence": it holds tokens, but not the
+    running sum of their outputs (it was made with another emit)."""
+    if head is None or emit != "sequence":
+        return False
+    return head.state.position > 0 and not head.history.output_sum
 
 
 def _taken(seq_id: str, commit: int, why: CheckpointError) -> SupersededError:

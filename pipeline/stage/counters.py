@@ -1,16 +1,13 @@
-"""The stage's counters: Beam metrics under the namespace ``linstream``, from an injected source.
-
-A runner reports what `BeamMetrics` counts; a test hands the stage a source of its own (an
-in-memory one) and reads the same counts without a runner.
+"""The stage's counters, from an injected source: Beam's metrics on a runner (`BeamMetrics`, in
+dofn.py, under the namespace ``linstream``), or `MemoryMetrics`, which keeps its counts (the
+one-line API and the tests read them without a runner).  No Beam here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-from apache_beam.metrics import Metrics
-
-__all__ = ["NAMESPACE", "BeamMetrics", "Counter", "Counters", "Distribution", "MetricSource"]
+__all__ = ["NAMESPACE", "Counter", "Counters", "Distribution", "MemoryMetrics", "MetricSource"]
 
 NAMESPACE = "linstream"
 
@@ -31,24 +28,54 @@ class MetricSource(Protocol):
     def distribution(self, name: str) -> Distribution: ...
 
 
-class BeamMetrics:
-    """Beam's metrics under ``namespace`` (what the runner reports and the job prints)."""
+class _Count:
+    def __init__(self) -> None:
+        self.value = 0
 
-    def __init__(self, namespace: str = NAMESPACE) -> None:
-        self.namespace = namespace
+    def inc(self, n: int = 1) -> None:
+        self.value += n
 
-    def counter(self, name: str) -> Any:
-        return Metrics.counter(self.namespace, name)
 
-    def distribution(self, name: str) -> Any:
-        return Metrics.distribution(self.namespace, name)
+class _Spread:
+    """A distribution as Beam keeps one: count, sum, min and max (memory bounded)."""
+
+    def __init__(self) -> None:
+        self.count = self.sum = 0
+        self.min: int | None = None
+        self.max: int | None = None
+
+    def update(self, value: int) -> None:
+        v = int(value)
+        self.count, self.sum = self.count + 1, self.sum + v
+        self.min = v if self.min is None else min(self.min, v)
+        self.max = v if self.max is None else max(self.max, v)
+
+
+class MemoryMetrics:
+    """A `MetricSource` that keeps its counts: ``counts`` as a runner's query reports them
+    (counters that were never incremented are absent), ``distributions`` as Beam's (count,
+    sum, min, max)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, _Count] = {}
+        self.distributions: dict[str, _Spread] = {}
+
+    def counter(self, name: str) -> _Count:
+        return self._counters.setdefault(name, _Count())
+
+    def distribution(self, name: str) -> _Spread:
+        return self.distributions.setdefault(name, _Spread())
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: c.value for name, c in self._counters.items() if c.value}
 
 
 class Counters:
     """Every counter the stage keeps (README lists them), and dead letters by reason."""
 
     def __init__(self, metrics: MetricSource | None = None) -> None:
-        m: MetricSource = BeamMetrics() if metrics is None else metrics
+        m: MetricSource = MemoryMetrics() if metrics is None else metrics
         self._metrics = m
         self.chunks = m.counter("chunks")
         self.tokens = m.counter("tokens")

@@ -15,6 +15,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BytesCoder
+from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
     BagStateSpec,
@@ -22,15 +23,43 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
+from apache_beam.utils.timestamp import Timestamp
 from linstream.pipeline.elements import Chunk, ChunkCoder, ChunkResultCoder, DeadLetter
 
 from .cells import StateCells
+from .counters import NAMESPACE
 from .sequence_stage import Output, SequenceStage
 
-__all__ = ["DEAD_LETTERS", "SequenceDoFn"]
+__all__ = ["DEAD_LETTERS", "BeamMetrics", "SequenceDoFn"]
 
 #: The tag of the dead-letter output.
 DEAD_LETTERS = "dead_letters"
+
+
+class BeamMetrics:
+    """Beam's metrics under ``namespace`` (what the runner reports and the job prints): the
+    stage's counters on a runner."""
+
+    def __init__(self, namespace: str = NAMESPACE) -> None:
+        self.namespace = namespace
+
+    def counter(self, name: str) -> Any:
+        return Metrics.counter(self.namespace, name)
+
+    def distribution(self, name: str) -> Any:
+        return Metrics.distribution(self.namespace, name)
+
+
+class _Timer:
+    """Beam's timer object, set in the stage's microseconds."""
+
+    __slots__ = ("timer",)
+
+    def __init__(self, timer: Any) -> None:
+        self.timer = timer
+
+    def set(self, event_time_us: int) -> None:
+        self.timer.set(Timestamp(micros=event_time_us))
 
 
 def _tagged(outputs: Iterable[Output]) -> Iterator[Any]:
@@ -72,7 +101,10 @@ class SequenceDoFn(beam.DoFn):
     ) -> Iterator[Any]:
         seq_id, chunk = element
         cells = StateCells(seq, buffer, outbuf)
-        yield from _tagged(self.stage.process(seq_id, chunk, cells, timestamp=ts, timer=idle))
+        outputs = self.stage.process(
+            seq_id, chunk, cells, event_time_us=ts.micros, timer=_Timer(idle)
+        )
+        yield from _tagged(outputs)
 
     @on_timer(IDLE)
     def on_idle(

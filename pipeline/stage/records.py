@@ -1,6 +1,6 @@
 """Small values the stateful stage keeps beside a sequence's state: the per-key meta record, the
-index of buffered chunks, and (from digests.py, which needs no Beam) the window of applied
-chunks' digests and a chunk's content digest.
+index of buffered chunks, and (from digests.py) the window of applied chunks' digests and a
+chunk's content digest.
 
 Each is packed into bytes for a Beam read-modify-write state cell, so that ordering decisions
 never read the bag of buffered chunks: only a drain (the next chunk to apply arrived, and the
@@ -12,12 +12,17 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from linstream.state import DIGEST_BYTES
 
 from .digests import DigestWindow, chunk_digest
 
-__all__ = ["BufferIndex", "DigestWindow", "Meta", "chunk_digest"]
+__all__ = ["END_OF_TIME_US", "NO_TIMER_US", "BufferIndex", "DigestWindow", "Meta", "chunk_digest"]
+
+#: Event times in microseconds, as Beam's timestamps count them: its smallest (MIN_TIMESTAMP, the
+#: event time of a batch job's elements, and "no timer set") and its largest (MAX_TIMESTAMP, the
+#: end of a bounded input), without importing Beam.
+NO_TIMER_US = -9223372036854775000
+END_OF_TIME_US = 9223372036854775000
 
 # final_index, committed_next, n_buffered, flags, timer target (micros), commit number,
 # position of the last commit
@@ -46,7 +51,7 @@ class Meta:
         if raw:
             fi, cn, nb, fl, tm, no, cp = _META.unpack(raw)
         else:
-            fi, cn, nb, fl, tm, no, cp = -1, -1, 0, 0, MIN_TIMESTAMP.micros, 0, 0
+            fi, cn, nb, fl, tm, no, cp = -1, -1, 0, 0, NO_TIMER_US, 0, 0
         self.final_index, self.committed_next, self.n_buffered = fi, cn, nb
         self.evicted, self.seen, self.fenced = (
             bool(fl & _EVICTED),

@@ -17,18 +17,15 @@ import json
 from typing import Any
 
 import numpy as np
-from linstream.ops.rules import DECAYING_RULES, RULES, check_rule, check_rule_backend
+from linstream.ops.rules import (
+    DECAYING_RULES,
+    PER_TOKEN_INPUTS,
+    RULES,
+    check_rule,
+    check_rule_backend,
+)
 
-__all__ = ["PER_TOKEN", "RuleSpec", "describe_fingerprint", "fingerprint_rule", "rule_label"]
-
-#: The per-token inputs ([T, H]) a chunk carries, per rule.
-PER_TOKEN: dict[str, tuple[str, ...]] = {
-    "additive": (),
-    "decay": (),
-    "gated": ("log_alpha",),
-    "delta": ("beta",),
-    "gated_delta": ("log_alpha", "beta"),
-}
+__all__ = ["RuleSpec", "describe_fingerprint", "fingerprint_rule", "rule_label"]
 
 #: What each per-token input must hold (for messages).
 EXPECTED_VALUES = {
@@ -82,7 +79,7 @@ class RuleSpec:
                 raise ValueError(_one_line(where, ex)) from ex
         self.rule = rule
         self.normalize = bool(normalize)
-        self.inputs = PER_TOKEN[rule]
+        self.inputs = PER_TOKEN_INPUTS[rule]  # the [T, H] inputs each chunk carries
 
     def heads(self) -> int | None:
         """The number of heads gamma fixes (None: any)."""

@@ -12,9 +12,11 @@ is restored from the store when it returns.
 
 It yields plain values, `ChunkResult`s and `DeadLetter`s, reads and writes the key's state
 through `StateCells` (cells.py: one packed cell and two bags) and sets the idle timer through
-`IdleTimer`; Beam's state and timer objects satisfy both, so `SequenceDoFn` (dofn.py) is a thin
-adapter, and tests drive this class with in-memory cells, without a runner.  Counters come from
-an injected `MetricSource` (Beam's metrics by default).
+`IdleTimer` (event times in microseconds).  Beam's state objects satisfy `StateCells` and the
+Beam adapter, `SequenceDoFn` (dofn.py), hands it Beam's timer; the one-line API
+(`linstream.pipeline.embed`) and the tests drive this class with in-memory cells, without a
+runner.  Counters come from an injected `MetricSource` (in memory unless one is given: the
+transforms give Beam's metrics).  No Beam here: the stage runs where Beam is not imported.
 
 (About 400 lines: every decision about a chunk is in this one class, in the order it is made.)
 """
@@ -26,8 +28,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
-from linstream.pipeline.elements import Chunk, ChunkResult, DeadLetter
+from linstream.pipeline.values import Chunk, ChunkResult, DeadLetter
 from linstream.state import CheckpointError, CheckpointStore, SequenceState, unpack_state
 
 from .applier import Applied, Applier, Working, as_state, is_int
@@ -36,7 +37,7 @@ from .commits import Commits
 from .config import StageConfig
 from .counters import Counters, MetricSource
 from .progress import Progress
-from .records import DigestWindow, Meta, chunk_digest
+from .records import END_OF_TIME_US, NO_TIMER_US, DigestWindow, Meta, chunk_digest
 from .spans import SpanWriter
 from .steps import BadInput, ChunkStep
 
@@ -53,9 +54,10 @@ SYNC_BATCH = 64
 
 
 class IdleTimer(Protocol):
-    """The key's idle timer (Beam's event-time timer object)."""
+    """The key's idle timer: an event-time timer, set in microseconds (the Beam adapter sets
+    Beam's timer object; the one-line API and the tests keep it in memory)."""
 
-    def set(self, timestamp: Timestamp) -> None: ...
+    def set(self, event_time_us: int) -> None: ...
 
 
 class SequenceStage:
@@ -145,10 +147,11 @@ class SequenceStage:
         chunk: Chunk,
         cells: StateCells,
         *,
-        timestamp: Timestamp,
+        event_time_us: int,
         timer: IdleTimer,
     ) -> Iterator[Output]:
-        """Everything one chunk of sequence ``seq_id`` causes; ``timestamp`` is its event time."""
+        """Everything one chunk of sequence ``seq_id`` causes; ``event_time_us`` is its event
+        time in microseconds (as Beam's timestamps count them)."""
         idx = chunk.index
         # 1. What can be judged from the chunk alone.
         if not is_int(idx):
@@ -182,7 +185,7 @@ class SequenceStage:
         meta.seen, meta.evicted = True, False
         # 3. Drop, dead-letter, buffer or apply it.
         yield from self._order(seq_id, idx, chunk.final, data, digest, st, meta, view)
-        self._set_timer(timer, meta, timestamp)
+        self._set_timer(timer, meta, event_time_us)
         view.flush()
 
     def _current_state(
@@ -228,17 +231,17 @@ class SequenceStage:
         if committed:
             self._evict(meta, view)
             meta.evicted = not meta.fenced
-        meta.timer_micros = MIN_TIMESTAMP.micros  # fired: the next element sets it again
+        meta.timer_micros = NO_TIMER_US  # fired: the next element sets it again
         view.flush()
 
-    def _set_timer(self, timer: IdleTimer, meta: Meta, ts: Timestamp) -> None:
-        target = ts + Duration.of(self.config.idle_timeout) if ts < MAX_TIMESTAMP else MAX_TIMESTAMP
-        target = min(target, MAX_TIMESTAMP)
-        if target.micros > meta.timer_micros:
+    def _set_timer(self, timer: IdleTimer, meta: Meta, ts: int) -> None:
+        idle = int(self.config.idle_timeout * 1_000_000)  # as Beam's Duration.of counts it
+        target = min(ts + idle, END_OF_TIME_US) if ts < END_OF_TIME_US else END_OF_TIME_US
+        if target > meta.timer_micros:
             # Only when the target moves: a batch job's elements all carry one timestamp, and
             # setting the same timer again per element costs the runner per element.
-            meta.timer_micros = target.micros
-            timer.set(Timestamp(micros=meta.timer_micros))
+            meta.timer_micros = target
+            timer.set(target)
 
     def _evict(self, meta: Meta, view: Cells) -> None:
         """Clear the Beam state of a committed sequence (restored from the store if it returns)."""
@@ -453,4 +456,23 @@ class SequenceStage:
         view.outsum = np.ascontiguousarray(total, "<f8").tobytes()
         if not final:
             return None
-        return ChunkResult(st.seq_id, result.index, 0, (total / st.position).astype(np.float32))
+        return _mean(st.seq_id, result.index, total, st.position)
+
+    def finished_output(self, seq_id: str, cells: StateCells) -> ChunkResult | None:
+        """With emit="sequence", the result of a sequence that its checkpoint holds finished
+        (restored when one of its chunks arrived, every chunk a duplicate): its mean, from
+        the running sum the commit carries.  None for any other sequence (the one-line API
+        returns every finished sequence's vector; a job emits it once, when it finishes)."""
+        view = Cells(cells)
+        meta, raw = view.meta, view.state_raw
+        if self.config.emit != "sequence" or meta.final_index < 0 or raw is None or not view.outsum:
+            return None
+        st = unpack_state(raw, expected_fingerprint=self.step.fingerprint)
+        if st.next_chunk <= meta.final_index:
+            return None
+        return _mean(seq_id, meta.final_index, np.frombuffer(view.outsum, "<f8"), st.position)
+
+
+def _mean(seq_id: str, index: int, total: np.ndarray, position: int) -> ChunkResult:
+    """emit="sequence": a finished sequence's one result, the mean over all its tokens."""
+    return ChunkResult(seq_id, index, 0, (total / position).astype(np.float32))

@@ -23,13 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from apache_beam.utils import shared
 from linstream.ops import AttentionState, causal_linear_attention, get_feature_map
-from linstream.pipeline.elements import Unencodable
+from linstream.ops.model.protocol import StreamingModel, UnknownTokenError
+from linstream.pipeline.values import Unencodable
 from linstream.state import CheckpointError, ModelMismatchError, SequenceState
 
 from .model_layer import checked_layer as _checked_layer
-from .model_layer import is_folder_model as _is_folder_model
 from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
 
 __all__ = ["BadInput", "ChunkStep", "EmbedStep", "RawAttentionStep"]
@@ -312,41 +311,50 @@ def _check_per_token(name: str, value: Any, t: int, h: int) -> np.ndarray:
 
 #: One `Shared` handle per model (fingerprint and compute dtype) in this process: every DoFn
 #: instance of every step with that model holds the same loaded copy.
-_SHARED_MODELS: dict[str, shared.Shared] = {}
+_SHARED_MODELS: dict[str, Any] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared_handle(tag: str) -> shared.Shared:
+def _shared_handle(tag: str) -> Any:
+    """Beam's `Shared` handle of model ``tag`` (only a step a worker unpickled loads through
+    it: the engine's one Beam import, made there)."""
+    from apache_beam.utils.shared import Shared
+
     with _SHARED_LOCK:
-        return _SHARED_MODELS.setdefault(tag, shared.Shared())
+        return _SHARED_MODELS.setdefault(tag, Shared())
 
 
-def _portable_source(model: Any) -> str | bytes:
+def _portable_source(model: StreamingModel) -> str | bytes:
     """What a worker loads a passed-in model from: its built-in name or URL when it came from
     one, a checkpoint folder's absolute path (a worker must see the same folder: use a URL on
     a cluster), else its safetensors bytes (a local path may not exist on a remote worker)."""
     source = str(getattr(model, "source", ""))
     if source.startswith("builtin:") or ("://" in source and not source.startswith("file://")):
         return source
-    if _is_folder_model(model):
-        return os.path.abspath(source.removeprefix("file://"))
+    from linstream.ops.model.runtime import is_model_folder
+
+    local = source.removeprefix("file://")
+    if local and is_model_folder(local):
+        return os.path.abspath(local)
     from linstream.ops.model.weights import write_model_bytes
 
-    return write_model_bytes(model.config, model.weights)
+    m: Any = model
+    return write_model_bytes(m.config, m.weights)
 
 
 class EmbedStep(ChunkStep):
     """The embedding model over token ids [T] (int) or feature vectors [T, input_dim] (float).
 
     `model` is a spec for `linstream.ops.load_model` ("builtin:default", a .safetensors path
-    or URL, a checkpoint folder in fla's format or its URL) or a loaded model.  The step
-    carries only the spec (a loaded model: its built-in name, URL or folder, else its
-    safetensors bytes) and the fingerprint, never the loaded weights; `setup()` loads the model
-    once per worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose
-    fingerprint changed since the job was built.  `layer` (a checkpoint folder's models only):
-    emit hidden state N (0 the embeddings .. L the final norm, the default) instead.
-    `loaded`: the model already loaded from the spec `model` (the job loads it once, where it
-    checks the output folder), so that it is not loaded again here.
+    or URL, a checkpoint folder in fla's format or its URL) or a loaded model (any
+    `linstream.ops.model.protocol.StreamingModel`).  The step carries only the spec (a loaded
+    model: its built-in name, URL or folder, else its safetensors bytes, formed when the step is
+    pickled) and the fingerprint, never the loaded weights; `setup()` loads the model once per
+    worker process (`apache_beam.utils.shared.Shared`) and refuses a file whose fingerprint
+    changed since the job was built.  `layer` (a model that gives every layer's output, as a
+    checkpoint folder's does): emit hidden state N (0 the embeddings .. L the final norm, the
+    default) instead.  `preloaded`: the model already loaded from the spec `model` (the job
+    loads it once, where it checks the output folder), so that it is not loaded again here.
     """
 
     def __init__(
@@ -356,25 +364,30 @@ class EmbedStep(ChunkStep):
         state_dtype: Any = np.float64,
         *,
         layer: int | None = None,
-        loaded: Any = None,
+        preloaded: StreamingModel | None = None,
     ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
+        loaded: StreamingModel
         if isinstance(model, str):
             from linstream.ops import load_model
 
-            self._source: str | bytes = model
+            self._source: str | bytes | None = model
             # Loaded here too: the fingerprint names the model in checkpoints.
-            self._model: Any = loaded if loaded is not None else load_model(model)
+            loaded = preloaded if preloaded is not None else load_model(model)
         else:
-            self._source = _portable_source(model)
-            self._model = model
-        self.compute_dtype = str(np.dtype(self._model.compute_dtype))
-        self.fingerprint = str(self._model.fingerprint)
-        self._folder = _is_folder_model(self._model)
-        self.stacks_layers = not self._folder  # a folder's model has a state form of its own
-        self.layer = _checked_layer(layer, self._model, self._folder)
-        if self._folder and backend == "cupy":
+            self._source = None  # formed from the model when the step is pickled
+            loaded = model
+        self._model: StreamingModel | None = loaded
+        self.compute_dtype = str(np.dtype(loaded.compute_dtype))
+        self.fingerprint = str(loaded.fingerprint)
+        # The built-in model's per-layer states are (S, z) pairs: the stage packs and stacks
+        # them itself (`Working`); any other model's go through its stack/unstack_states.
+        self.stacks_layers = all(
+            isinstance(s, AttentionState) for s in loaded.initial_states(self.state_dtype)
+        )
+        self.layer = _checked_layer(layer, loaded)
+        if backend == "cupy" and not self.stacks_layers:
             msg = (
                 f"backend 'cupy': model {self._label()} (a checkpoint folder) runs on the CPU "
                 "kernels only; use backend auto, numba or numpy"
@@ -382,12 +395,15 @@ class EmbedStep(ChunkStep):
             raise ValueError(msg)
 
     def _label(self) -> str:
+        if self._source is None:
+            return str(getattr(self._model, "source", "<model>"))
         return self._source if isinstance(self._source, str) else "<model bytes>"
 
-    def _load_checked(self) -> Any:
+    def _load_checked(self) -> StreamingModel:
         from linstream.ops import load_model
 
-        model = load_model(self._source, compute_dtype=self.compute_dtype)
+        assert self._source is not None
+        model: StreamingModel = load_model(self._source, compute_dtype=self.compute_dtype)
         if model.fingerprint != self.fingerprint:
             msg = (
                 f"model {self._label()}: fingerprint {model.fingerprint[:16]}..., expected "
@@ -396,13 +412,16 @@ class EmbedStep(ChunkStep):
             raise ValueError(msg)
         return model
 
-    def _load(self) -> Any:
+    def _load(self) -> StreamingModel:
         if self._model is None:
             tag = f"{self.fingerprint}/{self.compute_dtype}"
             self._model = _shared_handle(tag).acquire(self._load_checked, tag)
         return self._model
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._source is None:  # formed once, on the first pickling
+            assert self._model is not None
+            self._source = _portable_source(self._model)
         state = dict(self.__dict__)
         state["_model"] = None  # loaded in setup() on the worker, never shipped
         return state
@@ -411,7 +430,7 @@ class EmbedStep(ChunkStep):
         self.__dict__.update(state)
 
     @property
-    def model(self) -> Any:
+    def model(self) -> StreamingModel:
         return self._load()
 
     def setup(self) -> None:
@@ -420,13 +439,14 @@ class EmbedStep(ChunkStep):
         warm = (
             np.zeros(4, dtype=np.int32)
             if cfg.input_kind == "tokens"
-            else np.zeros((4, cfg.input_dim), dtype=np.float32)
+            else np.zeros((4, cfg.input_dim or 0), dtype=np.float32)
         )
         # Compiles the kernels (or loads Numba's on-disk cache) before the first real chunk.
         model.embed_chunk(warm, model.initial_states(self.state_dtype), backend=self.backend)
 
     def validate(self, data: Any) -> np.ndarray:
-        cfg = self.model.config
+        model = self.model
+        cfg = model.config
         if isinstance(data, Mapping):
             key = "tokens" if cfg.input_kind == "tokens" else "features"
             if set(data) != {key}:
@@ -441,14 +461,6 @@ class EmbedStep(ChunkStep):
                 raise BadInput(BAD_SHAPE, f"tokens: expected [T], got shape {list(arr.shape)}")
             if arr.size == 0:
                 raise BadInput(EMPTY_CHUNK, "expected at least one token, got T=0")
-            bad = (arr < 0) | (arr >= cfg.vocab_size)
-            if bad.any():
-                pos = np.flatnonzero(bad)
-                raise BadInput(
-                    UNKNOWN_TOKEN,
-                    f"expected token ids in [0, {cfg.vocab_size}), got {arr[pos[0]]} at token "
-                    f"{pos[0]} ({pos.size} out of range)",
-                )
         else:
             arr = _check_numeric("features", data, "f", "float feature vectors [T, input_dim]")
             if arr.ndim != 2 or arr.shape[1] != cfg.input_dim:
@@ -461,33 +473,34 @@ class EmbedStep(ChunkStep):
             _check_finite("features", arr)
             arr = arr.astype(np.float32, copy=False)
         try:
-            self._model.check_inputs(arr)
+            model.check_inputs(arr)
+        except UnknownTokenError as ex:
+            raise BadInput(
+                UNKNOWN_TOKEN,
+                f"expected token ids in [0, {ex.vocab_size}), got {ex.token} at token "
+                f"{ex.position} ({ex.count} out of range)",
+            ) from ex
         except (ValueError, TypeError) as ex:
             raise BadInput(INVALID_INPUT, str(ex)) from ex
         return arr
 
     def state_shape(self, data: Any) -> tuple[int, int, int, int]:
-        if self._folder:
-            shape = tuple(self.model.state_layout()[0][1])  # S [L, H, d_k, d_v]
-        else:
-            shape = tuple(int(n) for n in self.model.state_shape)
+        shape = tuple(self.model.state_layout()[0][1])  # S [L, H, d_k, d_v]
         return (shape[0], shape[1], shape[2], shape[3])
 
     def initial_state(self, seq_id: str, data: Any) -> SequenceState:
-        if not self._folder:
-            return super().initial_state(seq_id, data)
         layout = self.model.state_layout()
         return SequenceState.initial(seq_id, layout, self.fingerprint, dtype=self.state_dtype)
 
     def carried(self, st: SequenceState) -> list[Any]:
-        if not self._folder:
+        if self.stacks_layers:
             return super().carried(st)
         return list(self.model.unstack_states(st.tensors, st.position))
 
     def advanced(
         self, st: SequenceState, layers: list[Any], *, tokens: int, next_chunk: int
     ) -> SequenceState:
-        if not self._folder:
+        if self.stacks_layers:
             return super().advanced(st, layers, tokens=tokens, next_chunk=next_chunk)
         position = st.position + tokens
         arrays = self.model.stack_states(layers, position)
@@ -500,10 +513,11 @@ class EmbedStep(ChunkStep):
         return int(data.shape[0])
 
     def apply(self, data: Any, layers: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        if self._folder:
-            emb, new = self._model.embed_chunk(data, layers, backend=self.backend, layer=self.layer)
+        model: Any = self.model
+        if self.layer is None:
+            emb, new = model.embed_chunk(data, layers, backend=self.backend)
         else:
-            emb, new = self._model.embed_chunk(data, layers, backend=self.backend)
+            emb, new = model.embed_chunk(data, layers, backend=self.backend, layer=self.layer)
         return emb, list(new)
 
 

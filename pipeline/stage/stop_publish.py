@@ -1,7 +1,7 @@
 """A clean stop publishes what its commits cover: when a job is stopped (SIGINT, SIGTERM), the
 results of every chunk its checkpoint commits cover are readable in ``<output>/results/`` once it
 has exited, instead of waiting in hidden pending files for the next `--resume` to roll them
-forward.  Both ways below publish through the output spans' own protocol (spans.py), so the
+forward.  Both ways below publish through the output spans' own protocol (spans/writer.py), so the
 exactly-once promise holds as after any crash; a later `--resume` finds those spans published.
 
 - Stages in this process (FnApiRunner's in-process workers, Prism's LOOPBACK workers):
@@ -133,9 +133,9 @@ def roll_forward(output: str, checkpoint_dir: str) -> int:
     ``<output>/results`` (stages that were killed); how many sequences' spans are published."""
     from linstream.state import CheckpointError, CheckpointStore
 
-    from .group_files import ResultsFolder
-    from .span_names import RESULTS_DIR, parse_pending, seq_key
-    from .spans import SpanWriter
+    from .spans import RESULTS_DIR, SpanWriter
+    from .spans.group_files import ResultsFolder
+    from .spans.names import parse_pending, seq_key
 
     try:
         names = ResultsFolder(f"{output.rstrip('/')}/{RESULTS_DIR}").names()
@@ -149,7 +149,7 @@ def roll_forward(output: str, checkpoint_dir: str) -> int:
         spans = SpanWriter(output, per_token=False, store_location=store.location)
         spans.durable, spans.durable_seq = store.sync, store.sync_seq
 
-        def check(m: Any) -> None:  # the span names only files of this job's kind (spans.py)
+        def check(m: Any) -> None:  # the span names only files of this job's kind (spans/writer.py)
             if m.history is not None and m.history.outputs is not None:
                 spans.check(m.history.outputs, m.seq_id)
 

@@ -19,7 +19,7 @@ from linstream.pipeline.elements import Chunk, ChunkResult, DeadLetter, Rejected
 
 from .config import DEFAULT_EMBED_EMIT, StageConfig
 from .counters import NAMESPACE
-from .dofn import DEAD_LETTERS, SequenceDoFn
+from .dofn import DEAD_LETTERS, BeamMetrics, SequenceDoFn
 from .sequence_stage import SequenceStage
 from .steps import ChunkStep, EmbedStep, RawAttentionStep
 
@@ -69,7 +69,7 @@ class _SequenceTransform(beam.PTransform):
         keyed = split.chunks | "KeyBySequence" >> beam.Map(_key_by_seq).with_output_types(
             tuple[str, Chunk]
         )
-        stage = SequenceDoFn(SequenceStage(self.step, self.config))
+        stage = SequenceDoFn(SequenceStage(self.step, self.config, metrics=BeamMetrics()))
         out = keyed | "OrderAndApply" >> beam.ParDo(stage).with_outputs(
             DEAD_LETTERS, main="results"
         )
@@ -148,7 +148,7 @@ class EmbedSequences(_SequenceTransform):
         stage: StageConfig | None = None,
         **options: Any,
     ) -> None:
-        self._embed = EmbedStep(model, backend, state_dtype, layer=layer, loaded=loaded)
+        self._embed = EmbedStep(model, backend, state_dtype, layer=layer, preloaded=loaded)
         if stage is None and "emit" not in options:
             options = {**options, "emit": DEFAULT_EMBED_EMIT}
         super().__init__(self._embed, StageConfig.with_options("EmbedSequences", stage, options))

@@ -26,37 +26,40 @@ implementation with exclusive writes (``open(path, "xb")``: gcsfs and adlfs from
 from 2025.7, which sends ``If-None-Match: *`` for small objects too).  Object stores publish an
 object atomically when its upload ends, so a half-written manifest cannot be seen there.
 
-The store is put together from one module per purpose: ``layout`` (folders and commit
-files), ``commit`` (the checks around a commit), ``restore`` (restore and its
-checks), ``retention`` (pruning), ``listing`` (listing, verify, gc) and
-``types`` (the values it returns).  ``CheckpointStore.commit`` itself lives here.
+The store is an object made of parts, each in a module of its own and handed the parts it
+uses: ``folders`` (`StoreFolders`: the storage, sequence folders, commit files), ``restore``
+(`Restorer`: reading a commit with every check), ``retention`` (`Retention`: pruning),
+``commit`` (`Committer`: a commit and its checks, the batched folder syncs) and ``listing``
+(`Listing`: sequences, commits, verify, gc); ``types`` holds the values it returns.
+`CheckpointStore` wires them together and is the store's one public face.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable
 
-from linstream.state.codec import encode_checked, format_versions, tensor_ranges
-from linstream.state.errors import NonFiniteStateError
 from linstream.state.sequence_state import SequenceState
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
-from .commit import StoreCommitChecks
-from .filesystems import LocalStorage, in_thread, open_storage
-from .listing import StoreListing
-from .manifest import History, Manifest, split_file_hash
-from .paths import data_name
+from .commit import Committer
+from .filesystems import LocalStorage, open_storage
+from .folders import StoreFolders
+from .listing import Listing
+from .manifest import History
+from .restore import ManifestCheck, Restorer
 from .restore import check_expected_shape as check_expected_shape  # re-exported
+from .retention import Retention
 from .types import CheckpointProblem, CommitInfo, CommitOutcome, Head
 
 __all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome", "Head"]
 
+log = logging.getLogger("linstream.state")
 
-class CheckpointStore(StoreCommitChecks, StoreListing):
+
+class CheckpointStore:
     """Commits and restores sequence states under ``root`` (local path or fsspec URL).
 
     keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
@@ -75,6 +78,9 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
     then a power loss may lose them (never half: a commit is there whole or not at all), and
     their chunks are computed again.  Retention waits for the sync too, and ``sync_seq``
     makes the commits of one sequence durable whoever made them.
+
+    Its parts (see the module docstring) are attributes: ``folders``, ``restorer``,
+    ``retention``, ``committer``, ``listing``.
     """
 
     def __init__(
@@ -96,36 +102,37 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         self.root = root
         self.keep = keep
         self.rtol = rtol
-        self._clock = clock
-        self._fs = open_storage(root)
-        self._dirs_made: set[str] = set()
-        self._root_synced = False
-        local = isinstance(self._fs, LocalStorage)
-        self.sync_batch = max(0, int(sync_batch)) if local else 0
-        self._unsynced: set[str] = set()
-        self._unsynced_commits: list[str] = []  # their folders, retention after the sync
-        self._background_prune = background_prune
-        self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pending: list[concurrent.futures.Future[list[str]]] = []
         #: How many commits ended in each outcome, and how many restores fell back.
         self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
+        self.folders = StoreFolders(open_storage(root), sync_batch=sync_batch)
+        self.retention = Retention(self.folders, keep, background=background_prune)
+        self.restorer = Restorer(self.folders, self.counters)
+        self.committer = Committer(
+            self.folders, self.restorer, self.retention, self.counters, rtol=rtol
+        )
+        self.listing = Listing(self.folders, self.restorer, self.retention, clock)
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.root!r}, keep={self.keep})"
 
     @property
+    def sync_batch(self) -> int:
+        return self.folders.sync_batch
+
+    @property
     def location(self) -> str:
         """The root as one canonical URL (a local root resolved to its real path): the name by
         which output folders record that jobs of this store write into them."""
-        if isinstance(self._fs, LocalStorage):
-            return "file://" + os.path.realpath(self._fs.root)
-        return f"{self._fs.protocol}://{self._fs.root}"
+        fs = self.folders.fs
+        if isinstance(fs, LocalStorage):
+            return "file://" + os.path.realpath(fs.root)
+        return f"{fs.protocol}://{fs.root}"
 
     def exists(self) -> bool:
         """Whether the root folder exists (a store with no commit yet may not have one)."""
-        return self._fs.is_dir(self._fs.root)
+        return self.folders.fs.is_dir(self.folders.fs.root)
 
-    # --- commit --------------------------------------------------------------------------------
+    # --- commit (Committer) --------------------------------------------------------------------
 
     def commit(
         self,
@@ -134,133 +141,130 @@ class CheckpointStore(StoreCommitChecks, StoreListing):
         *,
         ready: Callable[[], object] | None = None,
     ) -> CommitOutcome:
-        """Commit ``st`` durably as commit ``history.commit`` of its chain; see the module
-        docstring for the outcomes.
-
-        Without ``history`` the commit continues the newest commit whose position is below
-        ``st.position`` (or, when a commit at ``st.position`` exists, retries it), with no
-        final chunk and no chunk digests recorded.  Raises ``NonFiniteStateError`` (NaN/Inf,
-        nothing written), ``SupersededError`` (the commit number holds another history, or it
-        was taken and then removed by retention: the history moved on past it),
-        ``DivergentStateError`` (another state at this position), ``CorruptCheckpointError``
-        (the commit already there cannot be read to compare).  ``ready``, when given, returns
-        once the other files the history names (its output span) are durable; it is called
-        before the commit is created, so their writing overlaps this commit's own.
-        """
-        if not isinstance(st, SequenceState):
-            msg = f"commit: expected a SequenceState, received {type(st).__name__}"
-            raise TypeError(msg)
-        if not st.is_finite():
-            msg = (
-                f"sequence {st.seq_id!r} at position {st.position}: expected finite S and z, "
-                "received NaN or Inf; refusing to commit"
-            )
-            raise NonFiniteStateError(msg)
-        buf, digest = encode_checked(st, finite_checked=True)
-        # Computed here, not in ``prepare``: the manifest must be written as early as possible
-        # while the data file's fsync runs (so that one journal commit can carry both).
-        ranges = tensor_ranges(buf, st)
-        split = None if ranges is None else split_file_hash(buf, ranges, digest)
-        seq_dir = self._seq_dir(st.seq_id)
-        if history is None:
-            history = self._auto_history(seq_dir, st)
-        mpath = self._cpath(seq_dir, history.commit)
-
-        version, min_reader = format_versions(st)
-
-        def manifest_for(sha: str) -> Manifest:
-            return Manifest(
-                format_version=version,
-                min_reader_version=min_reader,
-                seq_id=st.seq_id,
-                position=st.position,
-                next_chunk=st.next_chunk,
-                fingerprint=st.fingerprint,
-                dtype=str(st.dtype),
-                shape=st.state_shape,
-                data_file=data_name(st.position, sha, history.commit),
-                size=buf.size,
-                sha256=sha,
-                digest=digest,
-                tensor_ranges=ranges,
-                split_sha256=split,
-                history=history,
-            )
-
-        made: list[Manifest] = []
-
-        def prepare(sha: str) -> tuple[str, bytes]:
-            made.append(manifest_for(sha))
-            return f"{seq_dir}/{made[0].data_file}", made[0].to_bytes()
-
-        existing = self._read_manifest_if_any(mpath, None)
-        if existing is None:
-            self._ensure_dir(seq_dir)
-            batch = self.sync_batch > 0
-            if batch:  # whatever the outcome: another writer's commit there is synced too
-                self._unsynced.add(seq_dir)
-                made_it = self._fs.commit_files(buf, mpath, prepare, ready, sync_folder=False)
-            elif ready is None:
-                made_it = self._fs.commit_files(buf, mpath, prepare)
-            else:
-                made_it = self._fs.commit_files(buf, mpath, prepare, ready)
-            if made_it:
-                self._refuse_if_stray(seq_dir, st, history, mpath, made[0])
-                self._count(CommitOutcome.COMMITTED, st)
-                if batch:
-                    self._unsynced_commits.append(seq_dir)
-                    if len(self._unsynced_commits) >= self.sync_batch:
-                        self.sync()
-                else:
-                    self._schedule_prune(seq_dir)
-                return CommitOutcome.COMMITTED
-            existing = self._read_manifest_if_any(mpath, None)
-            if existing is None:  # pruned meanwhile: the history moved on past this number
-                self._fs.remove(f"{seq_dir}/{made[0].data_file}")  # ours: it names our number
-                newest = self._vanished(seq_dir, history.commit) or history.commit
-                raise self.moved_on(st.seq_id, history.commit, newest, mpath)
-        manifest = made[0] if made else manifest_for(hashlib.sha256(buf).hexdigest())
-        dpath = f"{seq_dir}/{manifest.data_file}"
-        try:
-            outcome = self._compare(st, manifest, existing, seq_dir, buf)
-        finally:
-            if existing.data_file != manifest.data_file:
-                self._fs.remove(dpath)  # our data file lost the race (no-op if never written)
-        self._count(outcome, st)
-        return outcome
+        """Commit ``st`` as commit ``history.commit`` of its chain (`Committer.commit`)."""
+        return self.committer.commit(st, history, ready=ready)
 
     def sync(self) -> None:
-        """Make the folders of the commits made since the last sync durable (``sync_batch``),
-        one fsync per folder and one of the root, in parallel; then prune them."""
-        folders, self._unsynced = self._unsynced, set()
-        commits, self._unsynced_commits = self._unsynced_commits, []
-        if folders:
-            assert isinstance(self._fs, LocalStorage)
-            if self._fs.root not in folders:
-                folders.add(self._fs.root)  # the folders' own names (another writer's too)
-            self._sync_dirs(sorted(folders))
-        for seq_dir in dict.fromkeys(commits):
-            self._schedule_prune(seq_dir)
+        """Make the folders of the commits made since the last sync durable (`Committer.sync`)."""
+        self.committer.sync()
 
     def sync_seq(self, seq_id: str) -> None:
-        """Make the commits in the sequence's folder durable, whoever made them (before their
-        outputs are published: a commit another job made may wait for its ``sync``)."""
-        if isinstance(self._fs, LocalStorage) and self._fs.is_dir(self._seq_dir(seq_id)):
-            self._sync_dirs([self._seq_dir(seq_id), self._fs.root])
+        """Make the commits of one sequence durable, whoever made them (`Committer.sync_seq`)."""
+        self.committer.sync_seq(seq_id)
 
-    def _sync_dirs(self, folders: list[str]) -> None:
-        fs = self._fs
-        assert isinstance(fs, LocalStorage)
-        if len(folders) == 1:
-            fs.sync_dir(folders[0])
-            return
-        for job in [in_thread(fs.sync_dir, f) for f in folders]:
-            job.result()
+    # --- restore (Restorer) --------------------------------------------------------------------
+
+    def head(
+        self,
+        seq_id: str,
+        *,
+        fingerprint: str | None,
+        fallback: bool = False,
+        expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head | None:
+        """The newest commit of ``seq_id``, with every check (`Restorer.head`), or None."""
+        return self.restorer.head(
+            seq_id,
+            fingerprint=fingerprint,
+            fallback=fallback,
+            expected_shape=expected_shape,
+            check=check,
+        )
+
+    def restore(
+        self,
+        seq_id: str,
+        *,
+        fingerprint: str,
+        fallback: bool = False,
+        expected_shape: tuple[int, ...] | None = None,
+    ) -> SequenceState | None:
+        """The newest committed state of ``seq_id``, or None (`Restorer.restore`)."""
+        return self.restorer.restore(
+            seq_id, fingerprint=fingerprint, fallback=fallback, expected_shape=expected_shape
+        )
+
+    def read_commit(
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
+    ) -> SequenceState:
+        """The commit of ``seq_id`` at ``position`` (`Restorer.read_commit`)."""
+        return self.restorer.read_commit(
+            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape
+        )
+
+    def read_position(
+        self,
+        seq_id: str,
+        position: int,
+        *,
+        fingerprint: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """The newest commit of ``seq_id`` at ``position`` (`Restorer.read_position`)."""
+        return self.restorer.read_position(
+            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape, check=check
+        )
+
+    def read_chain(
+        self,
+        seq_id: str,
+        commit: int,
+        *,
+        fingerprint: str | None = None,
+        check: ManifestCheck | None = None,
+    ) -> Head:
+        """Commit number ``commit`` of ``seq_id``'s chain (`Restorer.read_chain`)."""
+        return self.restorer.read_chain(seq_id, commit, fingerprint=fingerprint, check=check)
+
+    # --- the whole store (Listing) -------------------------------------------------------------
+
+    def sequences(self) -> list[str]:
+        """Ids of the sequences that have at least one commit (`Listing.sequences`)."""
+        return self.listing.sequences()
+
+    def commits(self, seq_id: str) -> list[CommitInfo]:
+        """The commits of ``seq_id``, newest first (`Listing.commits`)."""
+        return self.listing.commits(seq_id)
+
+    def verify(self, check: ManifestCheck | None = None) -> list[CheckpointProblem]:
+        """Every restore check on every commit (`Listing.verify`)."""
+        return self.listing.verify(check)
+
+    def orphans(self) -> list[str]:
+        """Data files that no manifest names (`Listing.orphans`)."""
+        return self.listing.orphans()
+
+    def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+        """Remove orphan data files and stale temporaries older than ``grace_seconds``, and
+        commits beyond ``keep``.  Returns the removed paths.
+
+        The grace period protects commits in flight (their data file exists before their
+        manifest); make it longer than any commit can take.
+        """
+        self.flush()
+        removed = self.listing.collect(grace_seconds)
+        if removed:
+            log.info("checkpoint gc under %s removed %d files", self.root, len(removed))
+        return removed
+
+    # --- lifecycle -----------------------------------------------------------------------------
 
     def flush(self) -> None:
         """Sync (``sync_batch``), then wait for the pruning scheduled so far."""
-        self.sync()
-        super().flush()
+        self.committer.sync()
+        self.retention.flush()
+
+    def close(self) -> None:
+        """Flush and stop the pruning thread (the store stays usable: it restarts it)."""
+        self.flush()
+        self.retention.close()
 
     def __enter__(self) -> CheckpointStore:
         return self

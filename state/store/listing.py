@@ -1,5 +1,8 @@
 """Looking over a whole checkpoint store: its sequences and commits, verification of every
-commit, and garbage collection of orphan data files and stale temporaries."""
+commit, and garbage collection of orphan data files and stale temporaries.
+
+`Listing` is the part of the store that does this; it is handed the store's folders, its
+restorer (verify runs every restore check) and its retention (gc prunes too)."""
 
 from __future__ import annotations
 
@@ -8,27 +11,41 @@ from collections.abc import Callable
 
 from linstream.state.errors import CheckpointError
 
+from .folders import StoreFolders
 from .paths import TMP_PREFIX, decode_seq_dir, encode_seq_dir, parse_data_name
-from .restore import ManifestCheck, StoreRestore, run_check
-from .retention import StoreRetention
+from .restore import ManifestCheck, Restorer, run_check
+from .retention import Retention
 from .types import CheckpointProblem, CommitInfo
 
-__all__ = ["StoreListing"]
+__all__ = ["Listing"]
 
 log = logging.getLogger("linstream.state")
 
 
-class StoreListing(StoreRestore, StoreRetention):
-    """``sequences``, ``commits``, ``verify``, ``orphans`` and ``gc``."""
+class Listing:
+    """``sequences``, ``commits``, ``verify``, ``orphans`` and ``collect`` (the removals of
+    ``CheckpointStore.gc``); ``clock``: seconds since the epoch (injected by tests)."""
 
-    _clock: Callable[[], float]
+    def __init__(
+        self,
+        folders: StoreFolders,
+        restorer: Restorer,
+        retention: Retention,
+        clock: Callable[[], float],
+    ) -> None:
+        self.folders, self.restorer, self.retention, self.clock = (
+            folders,
+            restorer,
+            retention,
+            clock,
+        )
 
     def sequences(self) -> list[str]:
         """Ids of the sequences that have at least one commit (readable or not), sorted."""
         out = []
-        for name in self._seq_dirs():
+        for name in self.folders.seq_dirs():
             try:
-                files = self._commit_files(self._fs.join(name))
+                files = self.folders.commit_files(self.folders.fs.join(name))
             except CheckpointError:  # unlistable (a link): listed if its name gives the id
                 files = []
                 if decode_seq_dir(name) is not None:
@@ -39,7 +56,7 @@ class StoreListing(StoreRestore, StoreRetention):
             if seq_id is None:  # hashed name: the id is in the manifests
                 for path, n, pos in files:
                     try:
-                        seq_id = self._parse_commit(path, n, pos).seq_id
+                        seq_id = self.folders.parse_commit(path, n, pos).seq_id
                         break
                     except (CheckpointError, FileNotFoundError):
                         continue
@@ -49,13 +66,13 @@ class StoreListing(StoreRestore, StoreRetention):
 
     def commits(self, seq_id: str) -> list[CommitInfo]:
         """The commits of ``seq_id`` as their manifests describe them, newest first."""
-        return self._commits_in(self._seq_dir(seq_id), seq_id)
+        return self._commits_in(self.folders.seq_dir(seq_id), seq_id)
 
     def _commits_in(self, seq_dir: str, seq_id: str | None) -> list[CommitInfo]:
         out = []
-        for path, n, pos in self._commit_files(seq_dir):
+        for path, n, pos in self.folders.commit_files(seq_dir):
             try:
-                m = self._parse_commit(path, n, pos)
+                m = self.folders.parse_commit(path, n, pos)
             except (CheckpointError, FileNotFoundError) as ex:
                 where = -1 if pos is None else pos
                 out.append(CommitInfo(seq_id, where, path, None, None, None, None, str(ex), n))
@@ -80,16 +97,16 @@ class StoreListing(StoreRestore, StoreRetention):
         ``check`` (see ``head``) on every manifest that can be parsed, whether or not its data
         file passes (a commit can have two problems)."""
         problems = []
-        for name in self._seq_dirs():
-            seq_dir = self._fs.join(name)
+        for name in self.folders.seq_dirs():
+            seq_dir = self.folders.fs.join(name)
             try:
-                files = self._commit_files(seq_dir)
+                files = self.folders.commit_files(seq_dir)
             except CheckpointError as ex:  # e.g. a sequence folder that is a symbolic link
                 problems.append(CheckpointProblem(ex.path or seq_dir, ex.reason, type(ex).__name__))
                 continue
             for path, n, pos in files:
                 try:
-                    self._load_file(path, n, pos, None, None)
+                    self.restorer.load_file(path, n, pos, None, None)
                 except CheckpointError as ex:
                     problems.append(
                         CheckpointProblem(ex.path or path, ex.reason, type(ex).__name__)
@@ -97,7 +114,7 @@ class StoreListing(StoreRestore, StoreRetention):
                 if check is None:
                     continue
                 try:
-                    m = self._parse_commit(path, n, pos)
+                    m = self.folders.parse_commit(path, n, pos)
                 except (CheckpointError, FileNotFoundError):
                     continue  # reported by the load above
                 try:
@@ -108,23 +125,24 @@ class StoreListing(StoreRestore, StoreRetention):
 
     def orphans(self) -> list[str]:
         """Data files that no manifest names (a crash before the commit, or a lost race)."""
-        return [path for path, _ in self._orphans()]
+        return [path for path, _ in self.orphan_files()]
 
-    def _orphans(self) -> list[tuple[str, str]]:
+    def orphan_files(self) -> list[tuple[str, str]]:
+        """(path, name) of every orphan data file and stale temporary."""
         out = []
-        for name in self._seq_dirs():
-            seq_dir = self._fs.join(name)
+        for name in self.folders.seq_dirs():
+            seq_dir = self.folders.fs.join(name)
             try:
-                names = self._fs.list_dir(seq_dir)
+                names = self.folders.fs.list_dir(seq_dir)
             except CheckpointError as ex:  # a linked folder: nothing in it is ours to delete
                 log.warning("checkpoint gc skips %s: %s", seq_dir, ex)
                 continue
             referenced: set[str] = set()
             unreadable: set[int] = set()
             any_unreadable_chain = False
-            for path, number, at in self._commit_files(seq_dir, names):
+            for path, number, at in self.folders.commit_files(seq_dir, names):
                 try:
-                    referenced.add(self._parse_commit(path, number, at).data_file)
+                    referenced.add(self.folders.parse_commit(path, number, at).data_file)
                 except (CheckpointError, FileNotFoundError):
                     # Keep the data files it may name: its position's (format 1), or all of
                     # them (an unreadable format-2 commit does not say its position).
@@ -146,26 +164,19 @@ class StoreListing(StoreRestore, StoreRetention):
                     out.append((f"{seq_dir}/{n}", n))
         return out
 
-    def gc(self, grace_seconds: float = 3600.0) -> list[str]:
+    def collect(self, grace_seconds: float) -> list[str]:
         """Remove orphan data files and stale temporaries older than ``grace_seconds``, and
-        commits beyond ``keep``.  Returns the removed paths.
-
-        The grace period protects commits in flight (their data file exists before their
-        manifest); make it longer than any commit can take.
-        """
-        self.flush()
-        now = self._clock()
+        commits beyond ``keep`` (see ``CheckpointStore.gc``).  Returns the removed paths."""
+        now = self.clock()
         removed = []
-        for path, _ in self._orphans():
-            mtime = self._fs.mtime(path)
+        for path, _ in self.orphan_files():
+            mtime = self.folders.fs.mtime(path)
             if mtime is not None and now - mtime >= grace_seconds:
-                self._fs.remove(path)
+                self.folders.fs.remove(path)
                 removed.append(path)
-        for name in self._seq_dirs():
+        for name in self.folders.seq_dirs():
             try:
-                removed.extend(self._prune(self._fs.join(name)))
+                removed.extend(self.retention.prune(self.folders.fs.join(name)))
             except CheckpointError as ex:
                 log.warning("checkpoint gc skips %s: %s", name, ex)
-        if removed:
-            log.info("checkpoint gc under %s removed %d files", self.root, len(removed))
         return removed

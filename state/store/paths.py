@@ -69,6 +69,11 @@ def decode_seq_dir(name: str) -> str | None:
     return seq_id if encode_seq_dir(seq_id) == name else None
 
 
+def is_seq_dir(name: str) -> bool:
+    """Whether ``name`` is a sequence folder's name (an encoded id, or a hashed one)."""
+    return decode_seq_dir(name) is not None or is_hashed_seq_dir(name)
+
+
 def is_hashed_seq_dir(name: str) -> bool:
     return len(name) == 65 and name[0] == "h" and all(c in "0123456789abcdef" for c in name[1:])
 

@@ -2,7 +2,9 @@
 
 Every file is untrusted: the manifest is parsed and checked, the data file's size and hash are
 compared with it before Arrow reads a byte, and the decode checks structure, fingerprint,
-identity, digest and finite values (see ``StoreRestore.head``).
+identity, digest and finite values (see ``Restorer.head``).  `Restorer` is the part of the store
+that reads commits; it is handed the store's folders, and handed to the parts that commit and
+list.
 
 (About 400 lines: every check a restore makes, in the order it makes them.)
 """
@@ -26,12 +28,12 @@ from linstream.state.errors import (
 from linstream.state.sequence_state import SequenceState
 
 from .filesystems import in_thread
-from .layout import StoreLayout
+from .folders import StoreFolders
 from .manifest import Manifest, split_file_hash
-from .paths import commit_name, encode_seq_dir, parse_commit_name
+from .paths import encode_seq_dir
 from .types import NO_HISTORY, Head
 
-__all__ = ["ManifestCheck", "StoreRestore", "check_expected_shape", "run_check"]
+__all__ = ["ManifestCheck", "Restorer", "check_expected_shape", "moved_on", "run_check"]
 
 #: A caller's own check of a commit manifest (e.g. that the output files it names are in a place
 #: the caller trusts): raises ``CorruptCheckpointError`` to refuse the commit.
@@ -82,10 +84,23 @@ def run_check(check: ManifestCheck | None, m: Manifest, path: str) -> None:
         raise ex.at(path) from None
 
 
-class StoreRestore(StoreLayout):
-    """Reads and checks commits: ``head``, ``restore``, ``read_commit``, ``read_chain``."""
+def moved_on(seq_id: str, commit: int, newest: int, path: str) -> SupersededError:
+    """The refusal of a writer whose commit ``commit`` is gone because the history moved on to
+    ``newest`` (retention keeps only the newest commits)."""
+    msg = (
+        f"sequence {seq_id!r}: commit {commit} was removed while this writer used it: the "
+        f"history has moved on to commit {newest} (another job advanced this sequence; "
+        "one writer per sequence history)"
+    )
+    return SupersededError(msg, path=path)
 
-    counters: dict[str, int]
+
+class Restorer:
+    """Reads and checks commits: ``head``, ``restore``, ``read_commit``, ``read_position``,
+    ``read_chain``; counts the fallbacks in ``counters["fallbacks"]``."""
+
+    def __init__(self, folders: StoreFolders, counters: dict[str, int]) -> None:
+        self.folders, self.counters = folders, counters
 
     def restore(
         self,
@@ -152,19 +167,19 @@ class StoreRestore(StoreLayout):
         *,
         last: bool = False,
     ) -> Head | None:
-        seq_dir = self._seq_dir(seq_id)
+        seq_dir = self.folders.seq_dir(seq_id)
         first_error: CorruptCheckpointError | None = None
         skipped: list[tuple[str, Manifest | None]] = []
-        files = self._commit_files(seq_dir)
+        files = self.folders.commit_files(seq_dir)
         newest = max((n for _, n, _ in files if n is not None), default=0)
         for path, n, pos in files:
             try:
                 # A commit of another shape is a ShapeMismatchError, raised from its manifest
                 # before its data file is read.
-                st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+                st, m = self.load_file(path, n, pos, seq_id, fingerprint, expected_shape)
                 run_check(check, m, path)
             except CorruptCheckpointError as ex:
-                if not last and n is not None and self._vanished(seq_dir, n) is not None:
+                if not last and n is not None and self.folders.vanished(seq_dir, n) is not None:
                     raise _Vanished from ex
                 if not fallback:
                     raise
@@ -208,17 +223,17 @@ class StoreRestore(StoreLayout):
     ) -> Head:
         """The newest commit of ``seq_id`` at ``position`` (its state and history), with every
         restore check (and ``check``, as in ``head``)."""
-        seq_dir = self._seq_dir(seq_id)
-        for path, n, pos in self._commit_files(seq_dir):
+        seq_dir = self.folders.seq_dir(seq_id)
+        for path, n, pos in self.folders.commit_files(seq_dir):
             if pos is not None and pos != position:
                 continue
             if n is not None:
                 try:
-                    if self._parse_commit(path, n, None).position != position:
+                    if self.folders.parse_commit(path, n, None).position != position:
                         continue
                 except (CheckpointError, FileNotFoundError):
                     continue
-            st, m = self._load_file(path, n, pos, seq_id, fingerprint, expected_shape)
+            st, m = self.load_file(path, n, pos, seq_id, fingerprint, expected_shape)
             run_check(check, m, path)
             return Head(st, m.history or NO_HISTORY, path, (), n or 0)
         msg = f"no commit at position {position}"
@@ -234,36 +249,17 @@ class StoreRestore(StoreLayout):
     ) -> Head:
         """Commit number ``commit`` of ``seq_id``'s chain, with every restore check (and
         ``check``, as in ``head``)."""
-        seq_dir = self._seq_dir(seq_id)
-        path = self._cpath(seq_dir, commit)
+        seq_dir = self.folders.seq_dir(seq_id)
+        path = self.folders.commit_path(seq_dir, commit)
         try:
-            st, m = self._load_file(path, commit, None, seq_id, fingerprint)
+            st, m = self.load_file(path, commit, None, seq_id, fingerprint)
         except CorruptCheckpointError as ex:
-            newest = self._vanished(seq_dir, commit)
+            newest = self.folders.vanished(seq_dir, commit)
             if newest is None or newest <= commit:
                 raise
-            raise self.moved_on(seq_id, commit, newest, path) from ex
+            raise moved_on(seq_id, commit, newest, path) from ex
         run_check(check, m, path)
         return Head(st, m.history or NO_HISTORY, path, (), commit)
-
-    def _vanished(self, seq_dir: str, number: int) -> int | None:
-        """None while commit ``number`` is in the folder; once it is not (retention removed
-        it, or it never was), the highest commit number there (0: none)."""
-        names = self._fs.list_dir(seq_dir)
-        if commit_name(number) in names:
-            return None
-        return max((n for n in map(parse_commit_name, names) if n is not None), default=0)
-
-    @staticmethod
-    def moved_on(seq_id: str, commit: int, newest: int, path: str) -> SupersededError:
-        """The refusal of a writer whose commit ``commit`` is gone because the history moved
-        on to ``newest`` (retention keeps only the newest commits)."""
-        msg = (
-            f"sequence {seq_id!r}: commit {commit} was removed while this writer used it: the "
-            f"history has moved on to commit {newest} (another job advanced this sequence; "
-            "one writer per sequence history)"
-        )
-        return SupersededError(msg, path=path)
 
     def _checked_or_none(
         self, path: str, n: int | None, pos: int | None, check: ManifestCheck | None
@@ -271,7 +267,7 @@ class StoreRestore(StoreLayout):
         """The manifest of a skipped commit, or None when it is unreadable or ``check``
         refuses it (nothing it names may be touched then)."""
         try:
-            m = self._parse_commit(path, n, pos)
+            m = self.folders.parse_commit(path, n, pos)
         except (CheckpointError, FileNotFoundError):
             return None
         try:
@@ -281,20 +277,7 @@ class StoreRestore(StoreLayout):
             return None
         return m
 
-    def _load(
-        self,
-        seq_dir: str,
-        position: int,
-        seq_id: str | None,
-        fingerprint: str | None,
-        expected_shape: tuple[int, ...] | None = None,
-    ) -> SequenceState:
-        """The format-1 commit at ``position``."""
-        return self._load_file(self._mpath(seq_dir, position), None, position, seq_id, fingerprint)[
-            0
-        ]
-
-    def _load_file(
+    def load_file(
         self,
         mpath: str,
         number: int | None,
@@ -305,7 +288,7 @@ class StoreRestore(StoreLayout):
     ) -> tuple[SequenceState, Manifest]:
         seq_dir = mpath.rpartition("/")[0]
         try:
-            m = self._parse_commit(mpath, number, position)
+            m = self.folders.parse_commit(mpath, number, position)
         except FileNotFoundError as ex:
             msg = "manifest disappeared"
             raise CorruptCheckpointError(msg, path=mpath) from ex
@@ -315,7 +298,7 @@ class StoreRestore(StoreLayout):
         check_expected_shape(m.shape, expected_shape, path=mpath)
         dpath = f"{seq_dir}/{m.data_file}"
         try:
-            data = self._fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
+            data = self.folders.fs.read(dpath, m.size)  # at most m.size + 1 bytes: no stat needed
         except FileNotFoundError as ex:
             msg = f"data file missing (named by manifest {mpath})"
             raise CorruptCheckpointError(msg, path=dpath) from ex
@@ -326,7 +309,7 @@ class StoreRestore(StoreLayout):
             size = len(data)
             if size > m.size:
                 with contextlib.suppress(FileNotFoundError):
-                    size = self._fs.size(dpath)
+                    size = self.folders.fs.size(dpath)
             msg = f"data file has {size} bytes, manifest says {m.size} (truncated or damaged)"
             raise CorruptCheckpointError(msg, path=dpath)
         if m.split_sha256 is not None and m.tensor_ranges is not None:

@@ -9,24 +9,27 @@ import logging
 
 from linstream.state.errors import CheckpointError
 
-from .layout import StoreLayout
+from .folders import StoreFolders
 from .paths import data_name_commit, parse_data_name
 
-__all__ = ["StoreRetention"]
+__all__ = ["Retention"]
 
 log = logging.getLogger("linstream.state")
 
 
-class StoreRetention(StoreLayout):
-    """Keeps the ``keep`` newest commits of each sequence."""
+class Retention:
+    """Keeps the ``keep`` newest commits of each sequence of ``folders``; with ``background``,
+    in one thread of its own (`flush` waits for it, `close` stops it: it restarts on use)."""
 
-    _background_prune: bool
-    _pruner: concurrent.futures.ThreadPoolExecutor | None
-    _pending: list[concurrent.futures.Future[list[str]]]
+    def __init__(self, folders: StoreFolders, keep: int, *, background: bool = True) -> None:
+        self.folders, self.keep, self.background = folders, keep, background
+        self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[list[str]]] = []
 
-    def _schedule_prune(self, seq_dir: str) -> None:
-        if not self._background_prune:
-            self._prune(seq_dir)
+    def schedule(self, seq_dir: str) -> None:
+        """Prune ``seq_dir`` (in the background thread, or now)."""
+        if not self.background:
+            self.prune(seq_dir)
             return
         if self._pruner is None:
             self._pruner = concurrent.futures.ThreadPoolExecutor(
@@ -37,7 +40,7 @@ class StoreRetention(StoreLayout):
 
     def _prune_logged(self, seq_dir: str) -> list[str]:
         try:
-            return self._prune(seq_dir)
+            return self.prune(seq_dir)
         except Exception:  # a failed delete only delays retention; gc() retries it
             log.warning("pruning old commits in %s failed", seq_dir, exc_info=True)
             return []
@@ -49,19 +52,20 @@ class StoreRetention(StoreLayout):
             f.result()
 
     def close(self) -> None:
-        """Flush and stop the background thread (the store stays usable: it restarts it)."""
+        """Flush and stop the background thread (it restarts when pruning is scheduled)."""
         self.flush()
         if self._pruner is not None:
             self._pruner.shutdown(wait=True)
             self._pruner = None
 
-    def _prune(self, seq_dir: str) -> list[str]:
+    def prune(self, seq_dir: str) -> list[str]:
         """Drop commits beyond the ``keep`` newest: commit file first, then its data file(s).
 
         Output files a commit finalized are results, not checkpoint data: never removed here.
         """
-        names = self._fs.list_dir(seq_dir)
-        files = self._commit_files(seq_dir, names)
+        folders, fs = self.folders, self.folders.fs
+        names = fs.list_dir(seq_dir)
+        files = folders.commit_files(seq_dir, names)
         removed: list[str] = []
         doomed = files[self.keep :]
         if not doomed:
@@ -69,7 +73,7 @@ class StoreRetention(StoreLayout):
         kept_data: set[str] = set()
         for path, n, pos in files[: self.keep]:
             with contextlib.suppress(CheckpointError, FileNotFoundError):
-                kept_data.add(self._parse_commit(path, n, pos).data_file)
+                kept_data.add(folders.parse_commit(path, n, pos).data_file)
         doomed_positions: set[int] = set()
         doomed_data: set[str] = set()
         for path, n, pos in reversed(doomed):
@@ -77,10 +81,10 @@ class StoreRetention(StoreLayout):
                 doomed_positions.add(pos)
             else:
                 with contextlib.suppress(CheckpointError, FileNotFoundError):
-                    m = self._parse_commit(path, n, pos)
+                    m = folders.parse_commit(path, n, pos)
                     doomed_positions.add(m.position)
                     doomed_data.add(m.data_file)
-            self._fs.remove(path)
+            fs.remove(path)
             removed.append(path)
         # Data files go by ownership, as the chain says: those the removed commits named, those
         # of commit numbers up to the highest removed one (writers that lost those numbers, or
@@ -95,6 +99,6 @@ class StoreRetention(StoreLayout):
                 or (number is None and parse_data_name(name) in doomed_positions)
             )
             if ours and name not in kept_data:
-                self._fs.remove(f"{seq_dir}/{name}")
+                fs.remove(f"{seq_dir}/{name}")
                 removed.append(f"{seq_dir}/{name}")
         return removed

@@ -8,8 +8,8 @@ Engines as the engine tests run them (tests/engines/): Beam's Flink job server (
 1.19 cluster, parallelism 2) and Spark job server (Spark 3.5, local[2]), each with LOOPBACK
 Python workers, and Prism (`--runner=PrismRunner`, which starts the Prism binary for each job).
 The input: 8 sequences of 16 chunks of 256 tokens, shuffled, into `builtin:default` on the
-Numba kernels (compiled before timing), checkpoints every 16 chunks.  Writes
-tests/bench/RESULTS-engines.md.
+Numba kernels (compiled before timing), checkpoints every 16 chunks.  The run's table is printed
+and written to build/bench/engines.md; docs/benchmarks.md carries the tables of record.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
+from helpers.bench_report import report
 from helpers.engine_jobs import LINSTREAM, run
 from helpers.engine_servers import need, start_job_server, stop_all
 
@@ -136,13 +136,11 @@ def test_engines_against_fn_api_runner(tmp_path):
             f"| {name} | {up} | {first[0]:.1f} / {first[1]:.1f} | {best[0]:.1f} / "
             f"{best[1]:.1f} | {best[2] / best[0]:,.0f} | {base / best[0]:.2f}x |"
         )
-    text = "\n".join(lines)
-    print("\n" + text)
-    (Path(__file__).parent / "RESULTS-engines.md").write_text(
-        "# The embed job on each engine (tests/bench/test_bench_engines.py)\n\n"
-        "`.venv/bin/python -m pytest tests/bench/test_bench_engines.py -m bench -s`\n\n"
-        + text
-        + "\n"
+    report(
+        "engines",
+        "\n".join(lines),
+        header="# The embed job on each engine (tests/bench/test_bench_engines.py)\n\n"
+        "`.venv/bin/python -m pytest tests/bench/test_bench_engines.py -m bench -s`",
     )
     for name, runs in times.items():
         assert all(t[2] == SEQUENCES * CHUNKS * TOKENS for t in runs), name

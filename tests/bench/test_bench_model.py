@@ -11,9 +11,9 @@ thread), where a busy second core cannot stall either side's thread pool.
 
     .venv/bin/python -m pytest tests/bench/test_bench_model.py -m bench -s -p no:randomly
 
-Results: stdout and docs/img/model-chunks.png, docs/img/model-chunks-1thread.png (RESULTS-model.md
-keeps the write-ups of runs).  Target: the runtime ≥ 2× the twin at every chunk size from 64 to
-2048, on 2 threads and on one.
+Results: stdout and docs/img/model-chunks.png, docs/img/model-chunks-1thread.png;
+docs/benchmarks.md carries the tables of record and the write-ups of earlier runs.  Target: the
+runtime ≥ 2× the twin at every chunk size from 64 to 2048, on 2 threads and on one.
 """
 
 import json
@@ -111,7 +111,7 @@ def measure(threads):
 
 
 def _run(threads):
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     if threads == 1:
         env.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     r = subprocess.run(

@@ -20,7 +20,8 @@ spread is reported.  Rivals in the same run, interleaved, best of 3:
   token by token, float32 state, compile-time widths; on the [T, H, d] inputs the kernel gets,
   and on head-major [H, T, d] copies made before the timing (test_bench_kernel_vs_prototype).
 
-Results: stdout, RESULTS-ops.md, and the plots docs/img/kernel-chunks.png and kernel-widths.png.
+Results: the plots docs/img/kernel-chunks.png and kernel-widths.png, and the run's tables, printed
+and written to build/bench/ops.md; docs/benchmarks.md carries the tables of record.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from helpers.bench_report import report
 from helpers.plotting import IMG_DIR, bar_plot, line_plot
 from helpers.recurrent_prototype import recurrent_prototype, recurrent_prototype_htd
 from linstream.ops import AttentionState, causal_linear_attention
@@ -51,8 +53,8 @@ WIDTHS = ((16, 16), (32, 32), (64, 64), (128, 128), (64, 32), (32, 128))
 BASE_COMMIT = "d311f34"  # the kernel before the recurrent rewrite
 LANDED_COMMIT = "789a260"  # the first recurrent kernel (one head per task, one token per pass)
 REPEATS = 3  # the decisive comparison (numba vs previous at C=64, share of the rate), repeated
-RESULTS = Path(__file__).with_name("RESULTS-ops.md")
 COMMAND = "pytest tests/bench/test_bench_ops.py -m bench -s -p no:randomly"
+HEADER = f"# Ops benchmark\n\nCommand: `{COMMAND}`"
 
 
 def _inputs(t, dk, dv, seed=0):
@@ -272,8 +274,6 @@ def test_bench_kernel_vs_chunk_size():
                 else ""
             )
         )
-    table = "\n".join(lines)
-    print("\n" + table)
     line_plot(
         IMG_DIR / "kernel-chunks.png",
         f"Causal linear attention, H={H}, d={D}, T={T}, float32 (one run, interleaved)",
@@ -283,7 +283,7 @@ def test_bench_kernel_vs_chunk_size():
         hlines={"30% of the float32 matmul rate": 0.3 * roof / flops},
         note=f"{platform.machine()}, {os.cpu_count()} CPUs; roof {roof / 1e9:.0f} GFLOP/s",
     )
-    RESULTS.write_text(f"# Ops benchmark\n\nCommand: `{COMMAND}`\n\n{table}\n")
+    report("ops", "\n".join(lines), header=HEADER)
 
 
 @pytest.mark.bench
@@ -326,8 +326,6 @@ def test_bench_kernel_head_widths():
             pct[n].append(100 * r * flops / roof)
             cells.append(f"{r:,.0f} ({pct[n][-1]:.1f}%)")
         lines.append(f"| {w} | {t} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines)
-    print(text)
     bar_plot(
         IMG_DIR / "kernel-widths.png",
         f"Share of the float32 matmul rate by head width (H={H}, one run)",
@@ -337,8 +335,7 @@ def test_bench_kernel_head_widths():
         hlines={"30%": 30.0},
         note=f"{platform.machine()}, {os.cpu_count()} CPUs; roof {roof / 1e9:.0f} GFLOP/s",
     )
-    if RESULTS.exists():
-        RESULTS.write_text(RESULTS.read_text() + text + "\n")
+    report("ops", "\n".join(lines), header=HEADER)
 
 
 @pytest.mark.bench
@@ -387,10 +384,7 @@ def test_bench_kernel_decisive_repeats():
                 + f" | {100 * rate['numba'] * flops / roof:.1f}% | "
                 f"{ratio(rate, 'numba, previous')} | {ratio(rate, 'numba, recurrent v1')} |"
             )
-    text = "\n".join(lines)
-    print(text)
-    if RESULTS.exists():
-        RESULTS.write_text(RESULTS.read_text() + text + "\n")
+    report("ops", "\n".join(lines), header=HEADER)
 
 
 @pytest.mark.bench
@@ -448,7 +442,4 @@ def test_bench_kernel_vs_prototype():
             f"| {kern / rate['prototype, [H, T, d] in']:.2f}× |"
         )
     lines.append(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    text = "\n".join(lines)
-    print(text)
-    if RESULTS.exists():
-        RESULTS.write_text(RESULTS.read_text() + text + "\n")
+    report("ops", "\n".join(lines), header=HEADER)

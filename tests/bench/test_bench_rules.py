@@ -4,23 +4,22 @@
 
 H=8, d_k=d_v=64, T=65536, float32 inputs, elu+1, float64 carried state (the default), Numba
 kernels, contenders interleaved in rounds (best of 3 each; tests/helpers/bench_timing.py).  The
-parameters (γ, log α, β) are made once outside the timed call.  Results go to stdout and to
-RESULTS-rules.md.
+parameters (γ, log α, β) are made once outside the timed call.  The run's table is printed and
+written to build/bench/rules.md; docs/benchmarks.md carries the tables of record.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.bench_report import report
 from helpers.bench_timing import best_times, matmul_flops
 from linstream.ops import causal_linear_attention
 
 H, D_K, D_V, T = 8, 64, 64, 65536
-RESULTS = Path(__file__).with_name("RESULTS-rules.md")
 COMMAND = "pytest tests/bench/test_bench_rules.py -m bench -s"
 
 
@@ -64,10 +63,6 @@ def test_bench_rules_throughput():
     roof = max(roof_before, matmul_flops())
     base = T / best["additive"]
     lines = [
-        "# Update-rule kernels: throughput beside additive",
-        "",
-        f"Command: `{COMMAND}`",
-        "",
         f"H={H}, d_k=d_v={D_K}, T={T}, float32 inputs, elu+1, float64 state; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, float32 matmul roof "
         f"{roof / 1e9:.0f} GFLOP/s",
@@ -77,7 +72,9 @@ def test_bench_rules_throughput():
     ]
     for label, sec in best.items():
         lines.append(f"| {label} | {T / sec:,.0f} | {T / sec / base:.2f}× |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    RESULTS.write_text(text)
+    report(
+        "rules",
+        "\n".join(lines),
+        header=f"# Update-rule kernels: throughput beside additive\n\nCommand: `{COMMAND}`",
+    )
     assert all(np.isfinite(list(best.values())))

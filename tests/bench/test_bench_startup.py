@@ -18,7 +18,8 @@ before, now, ...); the best of ROUNDS counts, every round is printed.  Timed wit
   fresh interpreter to the first applied 64-token chunk of builtin:default (target <= 2 s).
 
 The cold figures (the first run of each, on an empty cache of its own) are printed too.
-Results: stdout and RESULTS-startup.md; docs/benchmarks.md carries the table of a run.
+The run's table is printed and written to build/bench/startup.md; docs/benchmarks.md carries
+the tables of record.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.bench_report import report
 
 pytestmark = pytest.mark.bench
 
@@ -43,7 +45,6 @@ WARMUP = {
 }
 BASE_COMMIT = "a8538f8"  # main before the cache fix: the additive kernel compiled in every process
 ROUNDS = int(os.environ.get("LINSTREAM_BENCH_ROUNDS", 5))
-RESULTS = Path(__file__).with_name("RESULTS-startup.md")
 COMMAND = "pytest tests/bench/test_bench_startup.py -m bench -s -p no:randomly"
 PACKAGES = ("ops", "state", "pipeline")
 TEXTS = {
@@ -179,7 +180,5 @@ def test_bench_startup_against_the_code_before():
             f"| {label} | {cells[0]} | {cells[1]} | <= {targets[key]:g} | "
             f"{cold['before'][key]:.1f}, {cold['now'][key]:.1f} |"
         )
-    table = "\n".join(lines)
-    print("\n" + table)
-    RESULTS.write_text(f"# Start-up benchmark\n\nCommand: `{COMMAND}`\n\n{table}\n")
+    report("startup", "\n".join(lines), header=f"# Start-up benchmark\n\nCommand: `{COMMAND}`")
     shutil.rmtree(root, ignore_errors=True)

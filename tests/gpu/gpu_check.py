@@ -1,31 +1,43 @@
 #!/usr/bin/env python3
-"""GPU check of linstream's CuPy backend: correctness, then throughput against its rivals.
+"""GPU check of linstream's CUDA kernels: correctness, then throughput against their rivals.
 
-    python tests/gpu/gpu_check.py          (or `make gpu-check`; well under 5 min on an H100/H200)
+    python tests/gpu/gpu_check.py          (or `make gpu-check`; not yet run on a device: its
+                                            own budget skips the last throughput rows past 7 min)
 
-1. Correctness: `cupy_causal` against the float64 oracle over random chunk splits (the seeds are
-   printed), float32 / bfloat16 / float64 inputs, several feature maps and chunk sizes; then one
-   H=16, d=64, T=65536 sequence against `causal_recurrent` (the long-sequence oracle).
-2. Throughput for H=16, d=64, T=65536, float32 and bfloat16 inputs, all in this run, on the same
-   data: linstream's CuPy backend; a PyTorch CUDA chunked implementation of the same chunkwise
-   form (below); and, when `fla` imports, flash-linear-attention's `chunk_linear_attn` carrying its
-   state (never a linstream dependency).  Each row also gives its error against the oracle.
-It prints a table and writes `$OUT/gpu_check.json` when OUT is set.  Without a usable CUDA device
-it says so and exits 0.  Exit 1 when a correctness check fails.
+1. Correctness of the additive CuPy backend: `cupy_causal` against the float64 oracle over random
+   chunk splits (the seeds are printed), float32 / bfloat16 / float64 inputs, several feature maps
+   and chunk sizes.
+1b. Correctness of the update rules' kernels (decay/gated, vector-gated, delta/gated_delta;
+   gpu_check_rules.py): against the float64 references over random splits, two runs giving the
+   same bits, bfloat16 inputs giving exactly the float32 results of their values, and fixed cases
+   against the Numba kernels (live where Numba imports, else from a file prepared here).
+2-3. Throughput of the additive backend for H=16, d=64, T=65536, float32 and bfloat16 inputs, on
+   the same data: linstream's CuPy backend; a PyTorch CUDA chunked implementation of the same
+   chunkwise form (below); and, when `fla` imports, flash-linear-attention's `chunk_linear_attn`
+   carrying its state (never a linstream dependency); then its stages one by one.
+4. Throughput of each rule's kernel (H=16, d=64, T=16,384) and of fla's Triton chunk kernel for
+   the same rule, with their agreement.  fla's autotuning is pruned to 4 configurations per
+   kernel to fit the budget (GPU_CHECK_FLA_FULL_AUTOTUNE=1 keeps all).
+It prints tables and writes `$OUT/gpu_check.json` when OUT is set.  Without a usable CUDA device
+it says so and exits 0.  Exit 1 when a correctness check fails; each failure names the rule (or
+backend), the kernel and the worst error.
 
 On a machine with internet: `pip install -e '.[gpu,torch]' flash-linear-attention` and run it.
 On the project's device machine (no network; python3 there has torch, triton, cupy-cuda13x,
-numpy): fetch fla's ops as a wheel here, carry it, install it there into a scratch path:
+numpy, and no Numba): fetch fla's ops and einops as wheels here, prepare the Numba kernels'
+outputs here, carry both, install the wheels there into a scratch path:
 
-    # here, once, in the repo root
+    # here, once, in the repo root (.whl/ and build/ are not tracked)
     echo /.whl/ >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0
-    # there: run(command=..., carry=[".whl"], timeout_s=420)
+        --implementation cp --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 einops==0.8.1
+    .venv/bin/python tests/gpu/gpu_check.py --prepare-numba build/gpu-check/numba_rules.npz
+    # there: run(command=..., carry=[".whl", "build/gpu-check"], timeout_s=480)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py
 
-linstream needs no install there: this script exposes the source tree as `linstream.*`.
+linstream needs no install there: this script exposes the source tree as `linstream.*` (and
+tests/ on sys.path for the test helpers it shares with the suite).
 """
 
 from __future__ import annotations
@@ -42,7 +54,9 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET_S = 270.0  # stop optional sections past this, so the whole run stays under 5 minutes
+BUDGET_S = 200.0  # stop the additive part's optional sections past this
+RULES_DEADLINE_S = 420.0  # stop the rules' throughput rows past this: the run ends within 7 min
+NUMBA_REFS = os.environ.get("GPU_CHECK_NUMBA_REFS", str(ROOT / "build/gpu-check/numba_rules.npz"))
 T0 = time.perf_counter()
 H, D, T = 16, 64, 65536
 CHUNK = 64
@@ -53,7 +67,10 @@ DRY_RUN = os.environ.get("GPU_CHECK_CPU_DRYRUN", "") not in ("", "0")
 
 
 def _import_linstream() -> None:
-    """Use the installed linstream, or expose this source tree as the `linstream` namespace."""
+    """Use the installed linstream, or expose this source tree as the `linstream` namespace;
+    tests/ goes on sys.path for the helpers shared with the suite (tests/helpers)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
     try:
         import linstream.ops
     except ImportError:
@@ -82,7 +99,8 @@ def _numpy_as_cupy() -> Any:
         Device=lambda *a: device,
         runtime=types.SimpleNamespace(getDeviceProperties=lambda i: props),
     )
-    cupy_backend.xp_cupy = lambda: shim  # type: ignore[assignment]
+    launcher = types.SimpleNamespace(xp=shim, to_host=np.asarray)
+    cupy_backend.cupy_launcher = lambda: launcher  # type: ignore[assignment]
     cupy_backend._cupy_kernels = lambda: cupy_backend.NumpyKernels(np)  # type: ignore[assignment]
     return shim
 
@@ -307,6 +325,9 @@ def throughput(report: dict[str, Any]) -> bool:
     use_torch = torch is not None and (on_gpu or DRY_RUN)
     if on_gpu:
         try:
+            import gpu_check_rules
+
+            report["versions"]["fla_autotune"] = gpu_check_rules.prune_fla_autotune()
             fla = FlaRunner()
             import fla as fla_pkg
 
@@ -519,9 +540,14 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             print(f"| {r['impl']} | {r['dtype']} | failed: {r['error']} | | | |")
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     global H, T
     _import_linstream()
+    import gpu_check_rules as rules
+
+    if argv[:1] == ["--prepare-numba"] and len(argv) == 2:
+        rules.prepare_numba(argv[1], dry_run=DRY_RUN)
+        return 0
     if DRY_RUN:
         H, T = 4, 2048
     from linstream.ops.backend import cupy_unavailable_reason
@@ -548,7 +574,8 @@ def main() -> int:
     print(f"gpu_check on {name}: {report['versions']}")
     if DRY_RUN:
         report["dry_run"] = True
-        print("gpu_check: DRY RUN on the CPU (NumPy stands in for CuPy): timings mean nothing")
+        print("gpu_check: DRY RUN on the CPU (NumPy stands in for CuPy, the rule kernels run on "
+              "the CPU emulator): timings mean nothing")  # fmt: skip
     seed = int(os.environ.get("GPU_CHECK_SEED", "0")) or int(
         np.random.SeedSequence().entropy % 2**32
     )
@@ -556,6 +583,10 @@ def main() -> int:
     rows = check_random_splits(4 if DRY_RUN else 12, seed)
     report["correctness"] = {"seed": seed, "cases": rows}
     ok = all(r["ok"] for r in rows)
+    print("\n[1b] update rules' kernels: float64 references, bfloat16, the Numba kernels")
+    rule_rows = rules.correctness(seed, 1 if DRY_RUN else 3, DRY_RUN, NUMBA_REFS)
+    report["rules_correctness"] = {"seed": seed, "cases": rule_rows}
+    ok = ok and all(r["ok"] for r in rule_rows)
     try:
         throughput(report)
     except Exception as ex:
@@ -568,7 +599,21 @@ def main() -> int:
         if r.get("impl", "").startswith("linstream") and "err_max" in r and r["err_max"] > 2e-5:
             ok = False
             print(f"gpu_check: {r['impl']} ({r['dtype']}) error {r['err_max']:.2e} > 2e-5")
+    try:
+        report["rules_throughput"] = rules.throughput(
+            DRY_RUN, T0 + RULES_DEADLINE_S, timed, lambda: cp.cuda.Device().synchronize()
+        )
+    except Exception as ex:
+        import traceback
+
+        traceback.print_exc()
+        report["rules_throughput_error"] = f"{type(ex).__name__}: {ex}"
     _print_table(rows_t)
+    rules.print_table(report.get("rules_throughput", {}))
+    failed = [r for r in rule_rows if not r["ok"]]
+    for r in failed:
+        print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r['check']}): worst error "
+              f"{r['err']}")  # fmt: skip
     report["status"] = "ok" if ok else "failed"
     report["wall_s"] = _elapsed()
     _write_json(report)
@@ -577,4 +622,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

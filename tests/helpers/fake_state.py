@@ -1,5 +1,5 @@
-"""In-memory stand-ins for what a runner gives the stateful stage: one key's state cells, its
-idle timer, and a metrics source whose counts a test reads.
+"""In-memory stand-ins for what a runner gives the stateful stage: one key's state cells and its
+idle timer (the metrics source whose counts a test reads is the stage's own `MemoryMetrics`).
 
 A bag keeps its values encoded with the coder Beam's bag uses (as the runner does), so a value
 that a coder changes comes back changed here too.
@@ -12,6 +12,7 @@ from typing import Any
 from apache_beam.utils.timestamp import Timestamp
 from linstream.pipeline.elements import ChunkCoder, ChunkResultCoder
 from linstream.pipeline.stage.cells import StateCells
+from linstream.pipeline.stage.counters import MemoryMetrics
 
 __all__ = ["FakeBag", "FakeCell", "FakeKey", "FakeTimer", "MemoryMetrics"]
 
@@ -64,8 +65,8 @@ class FakeTimer:
     def __init__(self) -> None:
         self.when: Timestamp | None = None
 
-    def set(self, timestamp: Timestamp) -> None:
-        self.when = timestamp
+    def set(self, event_time_us: int) -> None:
+        self.when = Timestamp(micros=event_time_us)
 
 
 class FakeKey:
@@ -80,38 +81,3 @@ class FakeKey:
     @property
     def cells(self) -> StateCells:
         return StateCells(self.seq, self.buffer, self.outbuf)
-
-
-class _Count:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def inc(self, n: int = 1) -> None:
-        self.value += n
-
-
-class _Spread:
-    def __init__(self) -> None:
-        self.values: list[int] = []
-
-    def update(self, value: int) -> None:
-        self.values.append(int(value))
-
-
-class MemoryMetrics:
-    """A `MetricSource` that keeps its counts: ``counts`` as `_query_metrics` reports them
-    (counters that were never incremented are absent)."""
-
-    def __init__(self) -> None:
-        self._counters: dict[str, _Count] = {}
-        self.distributions: dict[str, _Spread] = {}
-
-    def counter(self, name: str) -> _Count:
-        return self._counters.setdefault(name, _Count())
-
-    def distribution(self, name: str) -> _Spread:
-        return self.distributions.setdefault(name, _Spread())
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return {name: c.value for name, c in self._counters.items() if c.value}

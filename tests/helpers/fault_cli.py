@@ -69,8 +69,8 @@ def _install_freeze(spec: str) -> None:
 
         CheckpointStore.commit = commit  # type: ignore[method-assign]
     elif where == "before-publish":
-        from linstream.pipeline.stage.span_names import member_name
         from linstream.pipeline.stage.spans import SpanWriter
+        from linstream.pipeline.stage.spans.names import member_name
 
         real_before = SpanWriter._before_publish
 

@@ -61,7 +61,7 @@ class StageRun:
         key = self.keys.setdefault(seq_id, FakeKey())
         ts = at if isinstance(at, Timestamp) else Timestamp.of(at)
         return self._keep(
-            self.stage.process(seq_id, chunk, key.cells, timestamp=ts, timer=key.timer)
+            self.stage.process(seq_id, chunk, key.cells, event_time_us=ts.micros, timer=key.timer)
         )
 
     def idle(self, seq_id: str) -> list[Output]:

@@ -12,8 +12,6 @@ features (exp(u ± δ)), contributing 4·δ·max|v|.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 from linstream.ops import backend as backend_mod
@@ -63,16 +61,16 @@ def tolerance(fm, x_all, v, dtype) -> float:
 
 @pytest.fixture
 def cupy_emulated(monkeypatch):
-    """backend="cupy" with NumPy standing in for CuPy and the emulated CUDA kernels."""
+    """backend="cupy" with the CUDA kernels run on the CPU emulator (tests/helpers/cuda_emu.py)."""
+    from helpers.cuda_emu import EmuLauncher, compiler_missing
     from linstream.ops.additive import cupy as cupy_backend
-    from linstream.ops.additive.cupy import EmulatedKernels
 
-    shim = types.ModuleType("numpy_as_cupy")
-    shim.__getattr__ = lambda name: getattr(np, name)
-    shim.asnumpy = np.asarray
+    if compiler_missing() is not None:
+        pytest.skip(str(compiler_missing()))
+    launcher = EmuLauncher(schedule=1)
     monkeypatch.setattr(backend_mod, "cupy_unavailable_reason", lambda: None)
-    monkeypatch.setattr(cupy_backend, "xp_cupy", lambda: shim)
-    monkeypatch.setattr(cupy_backend, "_cupy_kernels", lambda: EmulatedKernels(np))
+    monkeypatch.setattr(cupy_backend, "cupy_launcher", lambda: launcher)
+    monkeypatch.setattr(cupy_backend, "_cupy_kernels", lambda: cupy_backend.CupyKernels(launcher))
 
 
 def _case(sigma, dtype, seed, t=48, h=2, d=16, dv=5):

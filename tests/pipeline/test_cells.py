@@ -20,7 +20,7 @@ def _chunk(i: int) -> Chunk:
 
 
 def test_chunks_past_the_budget_go_to_the_bag_and_come_back(monkeypatch):
-    one = len(cells.pack_records([(0, b"")])) + len(cells._CHUNKS.encode(_chunk(0)))
+    one = len(cells.pack_records([(0, b"")])) + len(cells.encode_chunk(_chunk(0)))
     monkeypatch.setattr(cells, "HOLD_BYTES", 2 * one)  # two chunks fit in the cell
     key = FakeKey()
     buffer = key.buffer

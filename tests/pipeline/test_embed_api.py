@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers.cli import linstream, write_texts
-from linstream.pipeline import Resumable, embed
+from linstream.pipeline import DeadLetterError, Resumable, embed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -99,11 +99,26 @@ def test_bad_input_raises_naming_the_sequence(tiny_model_path, inputs, words):
         embed(inputs, tiny_model_path, backend="numpy")
 
 
-def test_a_binary_file_or_two_files_of_one_name_are_refused(tmp_path, tiny_model_path):
+def test_a_binary_file_is_a_dead_letter_and_two_files_of_one_name_are_refused(
+    tmp_path, tiny_model_path
+):
+    """A binary file among good ones: by default the call raises, naming it, once the good
+    files ran (their result rides on the error); asked for, the dead letters come back beside
+    the result.  Two inputs of one id are refused before any work."""
     write_texts(tmp_path / "in", {"a.txt": "text", "x/a.txt": "more"})
     (tmp_path / "in" / "tool").write_bytes(b"\x7fELF\x00\x01")
-    with pytest.raises(ValueError, match=r"sequence 'tool': .* not a text file \(UTF-8\)"):
+    with pytest.raises(
+        DeadLetterError, match=r"dead letters: 1 \(not_text 1\): .*/in/tool: expected a text file"
+    ) as raised:
         embed(tmp_path / "in", tiny_model_path)
+    assert [(d.seq_id, d.reason) for d in raised.value.dead_letters] == [("tool", "not_text")]
+    assert raised.value.result.shape == (2, 16)
+    vectors, dead = embed(tmp_path / "in", tiny_model_path, return_dead_letters=True)
+    np.testing.assert_array_equal(vectors, raised.value.result)
+    assert dead == raised.value.dead_letters
+    clean, none = embed(tmp_path / "in" / "a.txt", tiny_model_path, return_dead_letters=True)
+    np.testing.assert_array_equal(clean, vectors[:1])
+    assert none == []
     with pytest.raises(ValueError, match=r"two inputs have the id 'a\.txt'"):
         embed([tmp_path / "in" / "a.txt", tmp_path / "in" / "x" / "a.txt"], tiny_model_path)
 
@@ -167,7 +182,9 @@ def test_a_long_file_is_read_one_chunk_at_a_time(tmp_path, tiny_model_path):
     from linstream.ops import load_model
 
     model = load_model(tiny_model_path)
-    embed("warm up", model, backend="numpy")
+    warm = tmp_path / "warm.txt"
+    warm.write_text("warm up")  # the first file read imports the reader (Beam's filesystems)
+    embed(warm, model, backend="numpy")
     rng = np.random.default_rng(3)
     print("seed 3")
     peaks = []

@@ -40,7 +40,7 @@ def test_threads_bounds_the_kernels_and_blas(tmp_path, tiny_model_path):
 
 _PROBE = """
 import numpy  # BLAS is loaded before the bound: it is bounded where it runs
-from linstream.ops.model.threads import limit_threads, thread_counts
+from linstream.ops.model.thread_limit import limit_threads, thread_counts
 limit_threads(1)
 from linstream.ops import load_model
 from linstream.ops.model.blas import _single_threaded_blas

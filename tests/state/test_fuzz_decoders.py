@@ -24,7 +24,7 @@ def _manifests() -> list[bytes]:
     out = []
     for s in _STATES:
         store.commit(s)
-        out.append(store._fs.read(store.commits(s.seq_id)[0].manifest_path, 1 << 16))
+        out.append(store.folders.fs.read(store.commits(s.seq_id)[0].manifest_path, 1 << 16))
     return out
 
 

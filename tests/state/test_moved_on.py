@@ -8,6 +8,7 @@ import uuid
 import pytest
 from helpers.store_faults import random_state
 from linstream.state import CheckpointStore, History, SupersededError
+from linstream.state.store.restore import Restorer
 
 FP = "f" * 64
 
@@ -36,7 +37,7 @@ def test_head_reads_again_when_the_commit_it_reads_is_removed(root, monkeypatch)
     store = CheckpointStore(root, background_prune=False)
     states = _chain(store, 2)
     other = CheckpointStore(root, background_prune=False)
-    real = CheckpointStore._load_file
+    real = Restorer.load_file
     fired = []
 
     def load_then_advance(self, path, *args, **kwargs):
@@ -46,7 +47,7 @@ def test_head_reads_again_when_the_commit_it_reads_is_removed(root, monkeypatch)
             other.commit(_at(states, 4), History(4, 3, -1, b""))
         return real(self, path, *args, **kwargs)
 
-    monkeypatch.setattr(CheckpointStore, "_load_file", load_then_advance)
+    monkeypatch.setattr(Restorer, "load_file", load_then_advance)
     head = store.head("s", fingerprint=FP)
     assert fired and head is not None and head.state.position == 4
 
@@ -62,7 +63,7 @@ def test_a_commit_taken_then_pruned_meanwhile_is_superseded_without_an_orphan(ro
     store = CheckpointStore(root, background_prune=False)
     states = _chain(store, 2)
     late = CheckpointStore(root, background_prune=False)
-    real = late._read_manifest_if_any
+    real = late.folders.read_manifest_if_any
     calls = []
 
     def others_move(mpath, position):
@@ -74,7 +75,7 @@ def test_a_commit_taken_then_pruned_meanwhile_is_superseded_without_an_orphan(ro
             store.commit(_at(states, 5), History(5, 4, -1, b""))
         return None if len(calls) == 1 else real(mpath, position)
 
-    monkeypatch.setattr(late, "_read_manifest_if_any", others_move)
+    monkeypatch.setattr(late.folders, "read_manifest_if_any", others_move)
     other_state = dataclasses.replace(random_state(8, seq_id="s"), position=3, next_chunk=3)
     with pytest.raises(SupersededError, match="moved on to commit 5"):
         late.commit(other_state, History(3, 2, -1, b""))
@@ -93,7 +94,7 @@ def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no
 
     store.commit(_at(states, 3), History(3, 2, -1, b""))
     late = CheckpointStore(root, background_prune=False)
-    real = late._fs.read
+    real = late.folders.fs.read
     fired = []
 
     def read_after_prune(path, limit):
@@ -103,7 +104,7 @@ def test_a_duplicate_whose_commit_is_pruned_before_its_data_is_checked_leaves_no
             store.commit(_at(states, 5), History(5, 4, -1, b""))  # retention removes commit 3
         return real(path, limit)
 
-    monkeypatch.setattr(late._fs, "read", read_after_prune)
+    monkeypatch.setattr(late.folders.fs, "read", read_after_prune)
     with pytest.raises(SupersededError, match="moved on to commit 5"):
         late.commit(_at(states, 3), History(3, 2, -1, b""))
     monkeypatch.undo()

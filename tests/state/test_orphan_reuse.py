@@ -15,7 +15,7 @@ def test_reused_orphan_gets_a_fresh_grace_period(tmp_path):
     assert info.data_path is not None
     os.remove(info.manifest_path)  # a crash before the manifest: the data file is an orphan
     os.utime(info.data_path, (0, 0))  # ... and an old one
-    assert [p for p, _ in store._orphans()] == [info.data_path]
+    assert [p for p, _ in store.listing.orphan_files()] == [info.data_path]
 
     store.commit(st)  # the retried commit reuses the content-addressed file
     assert time.time() - os.path.getmtime(info.data_path) < 600

@@ -15,7 +15,7 @@ from hypothesis import strategies as hst
 from linstream.state import CheckpointStore, CorruptCheckpointError, decode_state, encode_state
 from linstream.state import codec as codec_mod
 from linstream.state.codec import DigestHint, digest_of_bytes, state_digest, tensor_ranges
-from linstream.state.store import checkpoint_store as store_mod
+from linstream.state.store import commit as store_mod  # where a commit encodes its state
 from linstream.state.store.manifest import split_file_hash
 
 FP = "f" * 64

@@ -113,7 +113,7 @@ def test_retention_keeps_the_newest(root, background):
         store.flush()
         kept = [c.position for c in store.commits(st.seq_id)]
         assert kept == [10 * j for j in range(i, max(0, i - 3), -1)]
-    files = store._fs.list_dir(store._seq_dir(st.seq_id))
+    files = store.folders.fs.list_dir(store.folders.seq_dir(st.seq_id))
     assert len(files) == 6  # 3 manifests + 3 data files, nothing else
     assert store.restore(st.seq_id, fingerprint=FP).position == 100
 
@@ -159,7 +159,7 @@ def test_crash_between_data_file_and_manifest(root, monkeypatch):
     store.commit(st)
     newer = dataclasses.replace(st, position=st.position + 3, next_chunk=st.next_chunk + 1)
 
-    fs = store._fs
+    fs = store.folders.fs
     real = fs.commit_files
 
     def crash_before_manifest(data, manifest_path, prepare):

@@ -9,7 +9,9 @@ folder          the folder's files: safetensors (sharded or not), the tokenizer;
 tensor_files    safetensors read one tensor at a time, bfloat16 upcast once
 runtime         FlaModel: the blocks, one chunk at a time, carried per-layer state
 state           the per-layer state: named arrays of fixed shape
-families        what the family modules share (fused projections, head layouts, short convs)
+families        the family modules' interface and its defaults; head layouts, short convs
+block           the model's layout (prefix, embedding, final norm) and fla's standard block
+dense           Dense: every matrix product, made by the load's Weights factory
 gla, retnet, delta_net, gated_deltanet, hgrn2
                 one module per model_type: its config keys, tensors and token mixer
 pieces          the layer pieces in NumPy (norms, SwiGLU, short conv, l2 norm, rotary, ...)

@@ -29,6 +29,7 @@ __all__ = [
     "FlaConfig",
     "ModelFolderError",
     "parse_config",
+    "standard_common",
 ]
 
 #: model_type values this runtime runs (each a module of this package).
@@ -164,8 +165,8 @@ class ConfigReader:
 
 @dataclass(frozen=True)
 class CommonConfig:
-    """What every family's blocks share: embeddings, pre-norm blocks with a SwiGLU MLP, the
-    final norm."""
+    """What every family's model shares: the widths, the depth, the vocabulary, the norms' eps,
+    the MLP's width (fla's standard block: pre-norm, SwiGLU)."""
 
     family: str
     hidden_size: int
@@ -210,7 +211,8 @@ class FlaConfig:
         return self.common.num_layers
 
 
-def _common(r: ConfigReader) -> CommonConfig:
+def standard_common(r: ConfigReader) -> CommonConfig:
+    """fla's shared config keys (the default of a family module's `parse_common`)."""
     default_layers = 21 if r.family == "gated_deltanet" else 24
     hidden = r.get("hidden_size", 2048, "pos_int")
     layers = r.get("num_hidden_layers", default_layers, "pos_int")
@@ -256,7 +258,8 @@ def parse_config(raw: Any, *, source: str) -> FlaConfig:
         )
         raise ModelFolderError(msg)
     r = ConfigReader(raw, source)
-    common = _common(r)
-    layer = importlib.import_module(f"{__package__}.{family}").parse(r, common)
+    module = importlib.import_module(f"{__package__}.{family}")
+    common = getattr(module, "parse_common", standard_common)(r)
+    layer = module.parse(r, common)
     r.check_all_read()
     return FlaConfig(common, layer)

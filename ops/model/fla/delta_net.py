@@ -25,11 +25,12 @@ from linstream.ops.delta.numba import delta_chunks
 from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, project, row_major
+from .dense import Weights
+from .families import ConvSet, head_major, row_major
 from .pieces import ACTIVATIONS, head_norm, l2_norm, sigmoid, silu, sum_norm
 from .state import LayerState, StateSpec
 
-__all__ = ["DeltaNetSpec", "attn_tensors", "build", "model_tensors", "parse"]
+__all__ = ["DeltaNetSpec", "attn_tensors", "build", "parse"]
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
 QK_NORMS = ("l2", "sum")
@@ -110,20 +111,16 @@ def attn_tensors(s: DeltaNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]
     return out
 
 
-def model_tensors(s: DeltaNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
-    return {}
-
-
 class DeltaNetMixer:
-    def __init__(self, s: DeltaNetSpec, c: CommonConfig, w: Mapping[str, np.ndarray], dt: np.dtype):
+    def __init__(self, s: DeltaNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
         self.s, self.eps = s, c.norm_eps
         names = ["q", "k", "v"] + ["b"] * s.use_beta + ["g"] * s.use_gate
-        self.proj = FusedProjection([(n, w[f"{n}_proj.weight"]) for n in names], dt)
-        self.w_o = np.asarray(w["o_proj.weight"], dtype=dt)
-        self.norm_w = np.asarray(w["o_norm.weight"], dtype=dt)
+        self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
+        self.o_proj = weights.dense(w["o_proj.weight"])
+        self.norm_w = weights.array(w["o_norm.weight"])
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qkv"} if s.conv_size else {}
         qk_silu = {"q", "k"} if s.qk_activation == "silu" else set()
-        self.conv = ConvSet(convs, qk_silu | {"v"}, dt)
+        self.conv = ConvSet(convs, qk_silu | {"v"}, weights)
         h, dk, dv = s.num_heads, s.head_k_dim, s.head_v_dim
         self.state_spec = StateSpec((("S", (h, dk, dv)), *self.conv.state_shapes()))
 
@@ -164,15 +161,15 @@ class DeltaNetMixer:
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return project(o.reshape(t, -1), self.w_o), LayerState({"S": state, **new})
+        return self.o_proj(o.reshape(t, -1)), LayerState({"S": state, **new})
 
 
 def build(
     s: DeltaNetSpec,
     c: CommonConfig,
-    w: Mapping[str, np.ndarray],
-    dt: np.dtype,
+    w: Mapping[str, Any],
+    weights: Weights,
     index: int,
-    model: Mapping[str, np.ndarray],
+    model: Mapping[str, Any],
 ) -> DeltaNetMixer:
-    return DeltaNetMixer(s, c, w, dt)
+    return DeltaNetMixer(s, c, w, weights)

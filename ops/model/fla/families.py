@@ -1,103 +1,118 @@
-"""What the family modules (gla, retnet, delta_net, gated_deltanet, hgrn2) share: the interface
-the runtime calls, a fused input projection, the head layouts and the short convolutions.
+"""The interface of the family modules (gla, retnet, delta_net, gated_deltanet, hgrn2, one per
+model_type), its defaults, and what the families share: head layouts and short convolutions.
 
-A family module defines
+A family module `ops/model/fla/<model_type>.py` (listed in `config.FAMILIES`) defines
 
-    parse(reader, common) -> Spec                 its layer settings (a frozen dataclass)
-    attn_tensors(spec, common) -> {name: shape}   a layer's tensors under `layers.{i}.attn.`
-    model_tensors(spec, common) -> {name: shape}  tensors outside the blocks (HGRN2's lower
-                                                  bounds), under the model prefix
-    build(spec, common, tensors, dtype, index, model_tensors) -> Mixer
+    parse(reader, common) -> Spec
+        its settings from config.json (a frozen dataclass; `config.ConfigReader` reads a key
+        with its default and refuses a value by name); every key it does not read is refused.
 
-and a Mixer maps a chunk's normed input x [T, hidden] and the layer's LayerState to
-(output [T, hidden], the new LayerState), in the compute dtype of its weights.  Its matrix
-products go through `project` (x @ W.T), which splits a long chunk's rows across threads when
-the runtime's forward asks for it (`split_rows`).
+and, for fla's standard block (the default: RMSNorm → mixer → residual → RMSNorm → SwiGLU MLP
+→ residual, `block.StandardBlock`), its token mixer:
+
+    attn_tensors(spec, common) -> {name: shape}    the mixer's tensors, under `attn.` in a layer
+    build(spec, common, tensors, weights, index, model) -> Mixer
+        the mixer of layer `index` from its `attn.` tensors (names under `attn.`); `model`: the
+        model-level tensors (`model_tensors`), `weights`: the load's `dense.Weights` factory,
+        through which every tensor goes (`weights.dense`/`weights.fused` for each matrix the
+        layer multiplies by, `weights.array` for everything else; see `dense`).
+
+A module writes only what differs from these defaults:
+
+    parse_common(reader) -> CommonConfig           default: `config.standard_common` (fla's keys:
+                                                   hidden_size, num_hidden_layers, vocab_size,
+                                                   norm_eps, intermediate_size or hidden_ratio,
+                                                   hidden_act 'swish', no hybrid attention)
+    layout(spec, common) -> block.ModelLayout      default: ModelLayout() (prefix `model.`,
+                                                   `embeddings.weight`, final RMSNorm
+                                                   `norm.weight`, layers under `layers.{i}.`)
+    model_tensors(spec, common) -> {name: shape}   default: {} (tensors outside the layers, under
+                                                   the prefix, e.g. HGRN2's lower bounds)
+    layer_tensors(spec, common, index) -> {name: shape}
+                                                   default: `block.standard_layer_tensors` with
+                                                   attn_tensors (names under layer i's prefix)
+    build_block(spec, common, tensors, weights, index, model) -> block.Block
+                                                   default: `block.build_standard_block` with
+                                                   build (tensors: layer_tensors' names)
+
+The loader (`folder`) asks `Family` for these, in this order: the layout; the expected tensors
+(prefix + embedding [vocab, hidden], the final norm's tensors [hidden], model_tensors, then each
+layer's layer_tensors under prefix + layers + f"{i}."), checked against the folder before any
+is read; then it reads the embedding, the final norm, the model tensors, and layer by layer the
+layer's tensors, handing them (by their names under the layer's prefix) to build_block.  A
+Block's forward is `forward(x, state, carry) -> (y, new_state)` (`block`); its state is a
+`state.LayerState` of its `state_spec` (named arrays of fixed shape; every layer the same spec).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from .block import (
+    Block,
+    ModelLayout,
+    build_standard_block,
+    standard_layer_tensors,
+)
+from .config import CommonConfig
+from .dense import Weights
 from .pieces import short_conv
-from .state import LayerState, StateSpec
 
-__all__ = [
-    "ConvSet",
-    "FusedProjection",
-    "Mixer",
-    "family_module",
-    "head_major",
-    "project",
-    "row_major",
-    "split_rows",
-]
+__all__ = ["ConvSet", "Family", "family", "head_major", "row_major"]
 
-RowSplit = Callable[[Callable[[slice], None], int], None]
-_SPLIT: contextvars.ContextVar[RowSplit | None] = contextvars.ContextVar("rows", default=None)
+_STANDARD_LAYOUT = ModelLayout()
 
 
-@contextlib.contextmanager
-def split_rows(split: RowSplit | None) -> Iterator[None]:
-    """Within this block (on this thread), `project` runs its products through ``split``
-    (`linstream.ops.model.threads.row_split`: row ranges on helper threads, the caller taking
-    back any range no helper started; None: one call)."""
-    token = _SPLIT.set(split)
-    try:
-        yield
-    finally:
-        _SPLIT.reset(token)
+class Family:
+    """A family module with the interface's defaults filled in (see the module docstring)."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    def _own(self, name: str) -> Any:
+        return getattr(self.module, name, None)
+
+    def layout(self, spec: Any, c: CommonConfig) -> ModelLayout:
+        own = self._own("layout")
+        return _STANDARD_LAYOUT if own is None else own(spec, c)
+
+    def model_tensors(self, spec: Any, c: CommonConfig) -> dict[str, tuple[int, ...]]:
+        own = self._own("model_tensors")
+        return {} if own is None else dict(own(spec, c))
+
+    def layer_tensors(self, spec: Any, c: CommonConfig, index: int) -> dict[str, tuple[int, ...]]:
+        own = self._own("layer_tensors")
+        if own is not None:
+            return dict(own(spec, c, index))
+        return standard_layer_tensors(c, self.module.attn_tensors(spec, c))
+
+    def build_block(
+        self,
+        spec: Any,
+        c: CommonConfig,
+        tensors: Mapping[str, Any],
+        weights: Weights,
+        index: int,
+        model: Mapping[str, Any],
+    ) -> Block:
+        own = self._own("build_block")
+        if own is not None:
+            block: Block = own(spec, c, tensors, weights, index, model)
+            return block
+        build = self.module.build
+        return build_standard_block(
+            c, tensors, weights, lambda attn: build(spec, c, attn, weights, index, model)
+        )
 
 
-def project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [T, in] @ w.T for w [out, in]; the rows in ranges across threads inside `split_rows`
-    (each range one BLAS call on its own rows: the same products, row by row)."""
-    split = _SPLIT.get()
-    if split is None:
-        return x @ w.T
-    y = np.empty((x.shape[0], w.shape[0]), dtype=np.result_type(x, w))
-
-    def rows(r: slice) -> None:
-        np.matmul(x[r], w.T, out=y[r])
-
-    split(rows, x.shape[0])
-    return y
-
-
-class Mixer(Protocol):
-    state_spec: StateSpec
-
-    def forward(self, x: np.ndarray, state: LayerState) -> tuple[np.ndarray, LayerState]: ...
-
-
-def family_module(name: str) -> ModuleType:
-    """The module of model_type `name` (a checked member of config.FAMILIES)."""
-    return importlib.import_module(f"{__package__}.{name}")
-
-
-class FusedProjection:
-    """Several projections of one input as one matrix product: x @ W.T with W [Σ out, hidden]
-    built once at load from the named [out, hidden] weights (which are not kept)."""
-
-    def __init__(self, parts: list[tuple[str, np.ndarray]], dtype: np.dtype) -> None:
-        self.slices: dict[str, slice] = {}
-        start = 0
-        for name, w in parts:
-            self.slices[name] = slice(start, start + w.shape[0])
-            start += w.shape[0]
-        self.weight = np.concatenate([np.asarray(w, dtype=dtype) for _, w in parts], axis=0)
-        self.weight.setflags(write=False)
-
-    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        y = project(x, self.weight)
-        return {name: y[:, s] for name, s in self.slices.items()}
+def family(name: str) -> Family:
+    """The family of model_type `name` (a checked member of config.FAMILIES)."""
+    return Family(importlib.import_module(f"{__package__}.{name}"))
 
 
 def head_major(x: np.ndarray, d: int, repeat: int = 1) -> np.ndarray:
@@ -114,15 +129,13 @@ def row_major(o: np.ndarray) -> np.ndarray:
 
 
 class ConvSet:
-    """A layer's short convolutions: weights [D, W] by name, their tails carried as `conv_<name>`
-    state arrays [W−1, D].  `silu` names the ones followed by SiLU."""
+    """A layer's short convolutions: weights [D, 1, W] by name (as loaded), their tails carried
+    as `conv_<name>` state arrays [W−1, D].  `silu` names the ones followed by SiLU."""
 
     def __init__(
-        self, weights: Mapping[str, np.ndarray], silu: set[str] | frozenset[str], dtype: np.dtype
+        self, weights: Mapping[str, Any], silu: set[str] | frozenset[str], factory: Weights
     ) -> None:
-        self.w = {
-            n: np.ascontiguousarray(np.asarray(a)[:, 0, :], dtype=dtype) for n, a in weights.items()
-        }
+        self.w = {n: np.ascontiguousarray(factory.array(a)[:, 0, :]) for n, a in weights.items()}
         self.silu = frozenset(silu)
 
     def state_shapes(self) -> list[tuple[str, tuple[int, ...]]]:

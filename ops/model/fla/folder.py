@@ -10,8 +10,10 @@ when its tokenizer is asked for).  Weights are read from safetensors only (PyTor
 files are refused, never opened), one tensor at a time, upcast once (bfloat16 -> float32, or
 float64 with compute_dtype=np.float64); each layer's projections are fused as the layer is read,
 so the load holds the runtime's weights plus one layer's tensors at most.  The output head
-(lm_head) is not read: the runtime gives hidden states.  Names and shapes are checked against
-the config before any tensor is read.
+(lm_head) is not read: the runtime gives hidden states.  Where the tensors are (their prefix,
+the embedding, the final norm, each layer's names and shapes) and how a layer becomes a block is
+the family's (`families.Family`; fla's layout and standard block by default); names and shapes
+are checked against the config before any tensor is read.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
+from .block import ModelLayout, Norm
 from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
-from .families import FusedProjection, family_module
+from .dense import Weights
+from .families import family
 from .location import FolderLocation
-from .runtime import Block, FlaModel, LoadReport
+from .runtime import FlaModel, LoadReport
 from .tensor_files import TensorEntry, TensorFileError, read_header, read_tensor
 
 __all__ = ["expected_tensors", "folder_tokenizer", "load_model", "read_folder_config"]
@@ -65,9 +69,10 @@ def load_model(
         raise ModelFolderError(msg)
     config = parse_config(_read_json(folder, "config.json", source), source=source)
     entries = _entries(folder, source)
-    prefix = "model." if any(n.startswith("model.") for n in entries) else ""
+    layout = family(config.common.family).layout(config.layer, config.common)
+    prefix = next((p for p in layout.prefixes if any(n.startswith(p) for n in entries)), "")
     want = expected_tensors(config, prefix)
-    _check_entries(entries, want, prefix, source)
+    _check_entries(entries, want, layout.ignored if prefix else (), source)
     tokenizer, problem = _tokenizer(folder, source)
     model, report = _build(config, entries, want, prefix, dt, source, folder)
     model.tokenizer_path, model._tokenizer_problem = tokenizer, problem
@@ -95,27 +100,28 @@ def folder_tokenizer(path: str | os.PathLike[str]) -> tuple[str | None, str | No
     return _tokenizer(FolderLocation(source), source)
 
 
-def expected_tensors(config: FlaConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
-    """Every tensor name the runtime reads for this config, with its shape."""
+def expected_tensors(config: FlaConfig, prefix: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the runtime reads for this config, with its shape, in the order it
+    reads them (prefix: the names' prefix; None: the family layout's first)."""
     c = config.common
-    fam = family_module(c.family)
-    out: dict[str, tuple[int, ...]] = {
-        f"{prefix}embeddings.weight": (c.vocab_size, c.hidden_size),
-        f"{prefix}norm.weight": (c.hidden_size,),
-    }
+    fam = family(c.family)
+    layout = fam.layout(config.layer, c)
+    if prefix is None:
+        prefix = layout.prefixes[0]
+    out: dict[str, tuple[int, ...]] = {f"{prefix}{layout.embedding}": (c.vocab_size, c.hidden_size)}
+    for name, shape in layout.final_norm.tensors(c.hidden_size).items():
+        out[f"{prefix}{name}"] = shape
     for name, shape in fam.model_tensors(config.layer, c).items():
         out[f"{prefix}{name}"] = shape
-    attn = fam.attn_tensors(config.layer, c)
     for i in range(c.num_layers):
-        p = f"{prefix}layers.{i}."
-        out[f"{p}attn_norm.weight"] = (c.hidden_size,)
-        out[f"{p}mlp_norm.weight"] = (c.hidden_size,)
-        out[f"{p}mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        out[f"{p}mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        out[f"{p}mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
-        for name, shape in attn.items():
-            out[f"{p}attn.{name}"] = shape
+        p = _layer_prefix(layout, prefix, i)
+        for name, shape in fam.layer_tensors(config.layer, c, i).items():
+            out[f"{p}{name}"] = shape
     return out
+
+
+def _layer_prefix(layout: ModelLayout, prefix: str, index: int) -> str:
+    return f"{prefix}{layout.layers}{index}."
 
 
 def _read_json(folder: FolderLocation, name: str, source: str) -> Any:
@@ -187,7 +193,7 @@ def _entries(folder: FolderLocation, source: str) -> dict[str, TensorEntry]:
 def _check_entries(
     entries: Mapping[str, TensorEntry],
     want: Mapping[str, tuple[int, ...]],
-    prefix: str,
+    ignored: tuple[str, ...],
     source: str,
 ) -> None:
     missing = [n for n in want if n not in entries]
@@ -198,8 +204,7 @@ def _check_entries(
             f"needs {len(want)}"
         )
         raise ModelFolderError(msg)
-    head = {"lm_head.weight"} if prefix else set()
-    extra = sorted(n for n in entries if n not in want and n not in head)
+    extra = sorted(n for n in entries if n not in want and n not in ignored)
     if extra:
         msg = (
             f"{source}: unexpected tensor {extra[0]!r} (a model with this config.json has no "
@@ -255,7 +260,9 @@ def _build(
     folder: FolderLocation,
 ) -> tuple[FlaModel, LoadReport]:
     c: CommonConfig = config.common
-    fam = family_module(c.family)
+    fam = family(c.family)
+    layout = fam.layout(config.layer, c)
+    weights = Weights(dt)
     digests: dict[str, str] = {}
     transient = 0
     with ExitStack() as stack:
@@ -270,36 +277,26 @@ def _build(
             except TensorFileError as ex:
                 raise ModelFolderError(str(ex)) from ex
 
-        embed = read(f"{prefix}embeddings.weight")
-        final = read(f"{prefix}norm.weight")
+        embed = weights.array(read(f"{prefix}{layout.embedding}"))
+        norm = layout.final_norm.tensors(c.hidden_size)
+        final = Norm.build(
+            layout.final_norm, {n: read(f"{prefix}{n}") for n in norm}, weights, c.norm_eps
+        )
         extra = {n: read(f"{prefix}{n}") for n in fam.model_tensors(config.layer, c)}
         blocks = []
         max_raw = max(e.nbytes for n, e in entries.items() if n in want)
         for i in range(c.num_layers):
-            p = f"{prefix}layers.{i}."
-            names = [n for n in want if n.startswith(p)]
-            raw = {n.removeprefix(p): read(n) for n in names}
+            p = _layer_prefix(layout, prefix, i)
+            raw = {n: read(f"{p}{n}") for n in fam.layer_tensors(config.layer, c, i)}
             transient = max(transient, sum(a.nbytes for a in raw.values()) + max_raw)
-            attn = {n.removeprefix("attn."): a for n, a in raw.items() if n.startswith("attn.")}
-            blocks.append(
-                Block(
-                    attn_norm=raw["attn_norm.weight"],
-                    mixer=fam.build(config.layer, c, attn, dt, i, extra),
-                    mlp_norm=raw["mlp_norm.weight"],
-                    gate_up=FusedProjection(
-                        [("gate", raw["mlp.gate_proj.weight"]), ("up", raw["mlp.up_proj.weight"])],
-                        dt,
-                    ),
-                    down=raw["mlp.down_proj.weight"],
-                )
-            )
-            del raw, attn
+            blocks.append(fam.build_block(config.layer, c, raw, weights, i, extra))
+            del raw
     model = FlaModel(
         config,
         embed,
         blocks,
         final,
-        fingerprint=_fingerprint(config, entries, want, digests),
+        fingerprint=_fingerprint(config, entries, want, prefix, digests),
         source=source,
     )
     used = [entries[n] for n in want]
@@ -323,14 +320,15 @@ def _fingerprint(
     config: FlaConfig,
     entries: Mapping[str, TensorEntry],
     want: Mapping[str, tuple[int, ...]],
+    prefix: str,
     digests: Mapping[str, str],
 ) -> str:
     """sha256 over the architecture (config.describe(), canonical JSON) and each used tensor's
     name, stored dtype, shape and bytes (names without the folder's prefix, in sorted order)."""
     h = hashlib.sha256(_FINGERPRINT_TAG)
     h.update(json.dumps(config.describe(), sort_keys=True, separators=(",", ":")).encode())
-    for name in sorted(want, key=lambda n: n.removeprefix("model.")):
+    for name in sorted(want, key=lambda n: n.removeprefix(prefix)):
         e = entries[name]
-        line = f"\n{name.removeprefix('model.')}:{e.dtype}:{list(e.shape)}:{digests[name]}"
+        line = f"\n{name.removeprefix(prefix)}:{e.dtype}:{list(e.shape)}:{digests[name]}"
         h.update(line.encode())
     return h.hexdigest()

@@ -26,11 +26,12 @@ from linstream.ops.delta.numba import delta_chunks
 from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, project, row_major
+from .dense import Weights
+from .families import ConvSet, head_major, row_major
 from .pieces import head_norm, l2_norm, sigmoid, silu, softplus
 from .state import LayerState, StateSpec
 
-__all__ = ["GatedDeltaNetSpec", "attn_tensors", "build", "model_tensors", "parse"]
+__all__ = ["GatedDeltaNetSpec", "attn_tensors", "build", "parse"]
 
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
 
@@ -102,23 +103,19 @@ def attn_tensors(s: GatedDeltaNetSpec, c: CommonConfig) -> dict[str, tuple[int, 
     return out
 
 
-def model_tensors(s: GatedDeltaNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
-    return {}
-
-
 class GatedDeltaNetMixer:
     def __init__(
-        self, s: GatedDeltaNetSpec, c: CommonConfig, w: Mapping[str, np.ndarray], dt: np.dtype
+        self, s: GatedDeltaNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights
     ) -> None:
         self.s, self.eps = s, c.norm_eps
         names = ["q", "k", "v", "a", "b"] + ["g"] * s.use_gate
-        self.proj = FusedProjection([(n, w[f"{n}_proj.weight"]) for n in names], dt)
-        self.w_o = np.asarray(w["o_proj.weight"], dtype=dt)
-        self.norm_w = np.asarray(w["o_norm.weight"], dtype=dt)
-        self.a = -np.exp(np.asarray(w["A_log"], dtype=np.float64))  # −exp(A_log), float64
-        self.dt_bias = np.asarray(w["dt_bias"], dtype=np.float64)
+        self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
+        self.o_proj = weights.dense(w["o_proj.weight"])
+        self.norm_w = weights.array(w["o_norm.weight"])
+        self.a = -np.exp(weights.array(w["A_log"], np.float64))  # −exp(A_log), float64
+        self.dt_bias = weights.array(w["dt_bias"], np.float64)
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qkv"} if s.conv_size else {}
-        self.conv = ConvSet(convs, {"q", "k", "v"}, dt)
+        self.conv = ConvSet(convs, {"q", "k", "v"}, weights)
         hv, dk, dv = s.num_v_heads, s.head_k_dim, s.head_v_dim
         self.state_spec = StateSpec((("S", (hv, dk, dv)), *self.conv.state_shapes()))
 
@@ -153,15 +150,15 @@ class GatedDeltaNetMixer:
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, s.gate_activation)
-        return project(o.reshape(t, -1), self.w_o), LayerState({"S": state, **new})
+        return self.o_proj(o.reshape(t, -1)), LayerState({"S": state, **new})
 
 
 def build(
     s: GatedDeltaNetSpec,
     c: CommonConfig,
-    w: Mapping[str, np.ndarray],
-    dt: np.dtype,
+    w: Mapping[str, Any],
+    weights: Weights,
     index: int,
-    model: Mapping[str, np.ndarray],
+    model: Mapping[str, Any],
 ) -> GatedDeltaNetMixer:
-    return GatedDeltaNetMixer(s, c, w, dt)
+    return GatedDeltaNetMixer(s, c, w, weights)

@@ -26,11 +26,12 @@ import numpy as np
 from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, project, row_major
+from .dense import Weights
+from .families import ConvSet, head_major, row_major
 from .pieces import ACTIVATIONS, head_norm, logsigmoid
 from .state import LayerState, StateSpec
 
-__all__ = ["GLASpec", "attn_tensors", "build", "model_tensors", "parse"]
+__all__ = ["GLASpec", "attn_tensors", "build", "parse"]
 
 GATE_RANK = 16  # fla 0.6.0's GatedLinearAttention defaults, which its block never overrides
 GATE_NORMALIZER = 16
@@ -123,23 +124,20 @@ def attn_tensors(s: GLASpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def model_tensors(s: GLASpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
-    return {}
-
-
 class GLAMixer:
-    def __init__(self, s: GLASpec, c: CommonConfig, w: Mapping[str, np.ndarray], dt: np.dtype):
+    def __init__(self, s: GLASpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
         self.s, self.eps = s, c.norm_eps
         names = ["q", "k", "v"] + ["g"] * s.output_gate
         parts = [(n, w[f"{n}_proj.weight"]) for n in names] + [("gk0", w["gk_proj.0.weight"])]
-        self.proj = FusedProjection(parts, dt)
-        self.w_gk1 = np.asarray(w["gk_proj.1.weight"], dtype=dt)
-        self.b_gk1 = np.asarray(w["gk_proj.1.bias"], dtype=dt)
-        self.w_o = np.asarray(w["o_proj.weight"], dtype=dt)
+        self.proj = weights.fused(parts)
+        # the rank-16 gate: one call over all rows (ranges would not pay for themselves)
+        self.gk1 = weights.dense(w["gk_proj.1.weight"], split=False)
+        self.b_gk1 = weights.array(w["gk_proj.1.bias"])
+        self.o_proj = weights.dense(w["o_proj.weight"])
         nw = w.get(f"{s.norm_name}.weight")
-        self.norm_w = None if nw is None else np.asarray(nw, dtype=dt)
+        self.norm_w = None if nw is None else weights.array(nw)
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qkv"} if s.conv_size else {}
-        self.conv = ConvSet(convs, {"q", "k", "v"}, dt)
+        self.conv = ConvSet(convs, {"q", "k", "v"}, weights)
         h, dk, dv = s.num_heads, s.head_k_dim, s.head_v_dim
         self.state_spec = StateSpec((("S", (h, dk, dv)), *self.conv.state_shapes()))
 
@@ -150,7 +148,7 @@ class GLAMixer:
         q, k, v = p["q"], p["k"], p["v"]
         if s.conv_size:
             q, k, v = (self.conv(n, a, st, new) for n, a in (("q", q), ("k", k), ("v", v)))
-        gk = logsigmoid(p["gk0"] @ self.w_gk1.T + self.b_gk1) / GATE_NORMALIZER
+        gk = logsigmoid(self.gk1(p["gk0"]) + self.b_gk1) / GATE_NORMALIZER
         if s.clamp_min is not None:
             gk = np.maximum(gk, s.clamp_min)
         g = s.kv_groups
@@ -165,15 +163,15 @@ class GLAMixer:
         o = row_major(vector_gated_chunks(qh, kh, vh, gh, state))
         gate = p["g"].reshape(o.shape) if s.output_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return project(o.reshape(x.shape[0], -1), self.w_o), LayerState({"S": state, **new})
+        return self.o_proj(o.reshape(x.shape[0], -1)), LayerState({"S": state, **new})
 
 
 def build(
     s: GLASpec,
     c: CommonConfig,
-    w: Mapping[str, np.ndarray],
-    dt: np.dtype,
+    w: Mapping[str, Any],
+    weights: Weights,
     index: int,
-    model: Mapping[str, np.ndarray],
+    model: Mapping[str, Any],
 ) -> GLAMixer:
-    return GLAMixer(s, c, w, dt)
+    return GLAMixer(s, c, w, weights)

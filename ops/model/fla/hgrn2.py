@@ -25,7 +25,8 @@ import numpy as np
 from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
-from .families import ConvSet, FusedProjection, head_major, project, row_major
+from .dense import Weights
+from .families import ConvSet, head_major, row_major
 from .pieces import logsigmoid, rms_norm, silu
 from .state import LayerState, StateSpec
 
@@ -105,22 +106,22 @@ class HGRN2Mixer:
         self,
         s: HGRN2Spec,
         c: CommonConfig,
-        w: Mapping[str, np.ndarray],
-        dt: np.dtype,
+        w: Mapping[str, Any],
+        weights: Weights,
         index: int,
-        model: Mapping[str, np.ndarray],
+        model: Mapping[str, Any],
     ) -> None:
         self.s = s
-        self.proj = FusedProjection([(n, w[f"{n}_proj.weight"]) for n in "qfi"], dt)
-        self.w_o = np.asarray(w["o_proj.weight"], dtype=dt)
+        self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in "qfi"])
+        self.o_proj = weights.dense(w["o_proj.weight"])
         nw = w.get("g_norm.weight")
-        self.norm_w = None if nw is None else np.asarray(nw, dtype=dt)
+        self.norm_w = None if nw is None else weights.array(nw)
         self.lb: np.ndarray | None = None
         if s.use_lower_bound and index > 0:
-            lb = lower_bounds(model["lower_bounds"])[index]
+            lb = lower_bounds(weights.array(model["lower_bounds"], np.float64))[index]
             self.lb = np.stack([np.log(lb), np.log1p(-lb)])  # [2, hidden] float64
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qfi"} if s.conv_size else {}
-        self.conv = ConvSet(convs, set(), dt)
+        self.conv = ConvSet(convs, set(), weights)
         h, e = s.num_heads, s.expand_ratio
         self.state_spec = StateSpec((("S", (h, e, c.hidden_size // h)), *self.conv.state_shapes()))
 
@@ -146,15 +147,15 @@ class HGRN2Mixer:
         state = np.array(st["S"], copy=True)
         o = row_major(vector_gated_chunks(qh, kh, vh, gh, state)).reshape(t, -1)
         o = rms_norm(o, self.norm_w, OUTPUT_NORM_EPS)
-        return project(o, self.w_o), LayerState({"S": state, **new})
+        return self.o_proj(o), LayerState({"S": state, **new})
 
 
 def build(
     s: HGRN2Spec,
     c: CommonConfig,
-    w: Mapping[str, np.ndarray],
-    dt: np.dtype,
+    w: Mapping[str, Any],
+    weights: Weights,
     index: int,
-    model: Mapping[str, np.ndarray],
+    model: Mapping[str, Any],
 ) -> HGRN2Mixer:
-    return HGRN2Mixer(s, c, w, dt, index, model)
+    return HGRN2Mixer(s, c, w, weights, index, model)

@@ -1,6 +1,7 @@
 """The layer pieces of fla's models, in NumPy, for one chunk of T tokens in the compute dtype.
 
     rms_norm(x, w, eps)                 x / sqrt(mean(x²) + eps) · w        (w None: no weight)
+    layer_norm(x, w, b, eps)            (x − mean(x)) / sqrt(var(x) + eps) · w + b  (None: without)
     head_norm(o, w, eps, gate, act)     the same per head over d_v, times act(gate) if given
     swiglu(gate, up)                    silu(gate) · up
     short_conv(x, tail, w, silu)        depthwise causal conv of width W over the chunk, its first
@@ -31,6 +32,7 @@ __all__ = [
     "elu_plus_one",
     "head_norm",
     "l2_norm",
+    "layer_norm",
     "logsigmoid",
     "rms_norm",
     "rotary",
@@ -103,6 +105,19 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     y = x * (1.0 / np.sqrt(ms + eps))[..., None].astype(x.dtype, copy=False)
     if w is not None:
         y *= w
+    return y
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> np.ndarray:
+    """(x − mean(x)) / sqrt(var(x) + eps) · w + b over the last axis (torch's LayerNorm: the
+    biased variance)."""
+    xc = x - x.mean(axis=-1, keepdims=True)
+    var = np.einsum("...d,...d->...", xc, xc) / x.shape[-1]
+    y = xc * (1.0 / np.sqrt(var + eps))[..., None].astype(x.dtype, copy=False)
+    if w is not None:
+        y *= w
+    if b is not None:
+        y += b
     return y
 
 

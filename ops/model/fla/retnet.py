@@ -18,18 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from linstream.ops.decay.numba import decay_chunks
 from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
-from .families import FusedProjection, head_major, project, row_major
+from .dense import Weights
+from .families import head_major, row_major
 from .gla import FEATURE_MAPS
 from .pieces import ACTIVATIONS, head_norm, rotary, rotary_tables
 from .state import POSITION, LayerState, StateSpec
 
-__all__ = ["RetNetSpec", "attn_tensors", "build", "decays", "model_tensors", "parse"]
+__all__ = ["RetNetSpec", "attn_tensors", "build", "decays", "parse"]
 
 MAX_HEAD_K_DIM = 256  # fla asserts it
 
@@ -111,23 +113,19 @@ def attn_tensors(s: RetNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def model_tensors(s: RetNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
-    return {}
-
-
 def decays(num_heads: int) -> np.ndarray:
     """log γ_h = log(1 − 2^(−5−h)) per head, float64 (fla forms them in float32)."""
     return np.log1p(-(2.0 ** (-5.0 - np.arange(num_heads, dtype=np.float64))))
 
 
 class RetNetMixer:
-    def __init__(self, s: RetNetSpec, c: CommonConfig, w: Mapping[str, np.ndarray], dt: np.dtype):
+    def __init__(self, s: RetNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
         self.s, self.eps = s, c.norm_eps
         names = ["q", "k", "v"] + ["g"] * s.output_gate
-        self.proj = FusedProjection([(n, w[f"{n}_proj.weight"]) for n in names], dt)
-        self.w_o = np.asarray(w["o_proj.weight"], dtype=dt)
+        self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
+        self.o_proj = weights.dense(w["o_proj.weight"])
         nw = w.get(f"{s.norm_name}.weight")
-        self.norm_w = None if nw is None else np.asarray(nw, dtype=dt)
+        self.norm_w = None if nw is None else weights.array(nw)
         self.log_gamma = decays(s.num_heads)
         h, dk, dv = s.num_heads, s.head_k_dim, s.head_v_dim
         self.state_spec = StateSpec((("S", (h, dk, dv)), (POSITION, (1,))))
@@ -167,15 +165,15 @@ class RetNetMixer:
         gate = p["g"].reshape(o.shape) if s.output_gate else None
         o = head_norm(o, self.norm_w, self.eps, gate, "swish")
         new = {"S": np.ascontiguousarray(sx[:, :, :dv]), POSITION: np.array([start + t], np.int64)}
-        return project(o.reshape(t, -1), self.w_o), LayerState(new)
+        return self.o_proj(o.reshape(t, -1)), LayerState(new)
 
 
 def build(
     s: RetNetSpec,
     c: CommonConfig,
-    w: Mapping[str, np.ndarray],
-    dt: np.dtype,
+    w: Mapping[str, Any],
+    weights: Weights,
     index: int,
-    model: Mapping[str, np.ndarray],
+    model: Mapping[str, Any],
 ) -> RetNetMixer:
-    return RetNetMixer(s, c, w, dt)
+    return RetNetMixer(s, c, w, weights)

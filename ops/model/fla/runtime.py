@@ -5,17 +5,20 @@ torch.
     states = model.initial_states()                   # L × LayerState, float64 zeros
     emb, states = model.embed_chunk(tokens, states)   # emb [T, hidden]: the final-norm output
 
-Each block is fla's: RMSNorm → token mixer (the family's layer) → residual add → RMSNorm →
-SwiGLU MLP → residual add; the final RMSNorm follows the last block.  `hidden_states` gives
-every layer's output as fla's `output_hidden_states` does (the embeddings, the outputs of blocks
-0..L−2, the final-norm output of block L−1), and `embed_chunk(..., layer=N)` one of them.
+The blocks are the family's (`block.Block`; fla's standard block by default: RMSNorm → token
+mixer → residual add → RMSNorm → SwiGLU MLP → residual add), each chunk's forward handing one
+`carry` dict through them in order; the family's final norm follows the last block.
+`hidden_states` gives every layer's output as fla's `output_hidden_states` does (the
+embeddings, the outputs of blocks 0..L−2, the final-norm output of block L−1), and
+`embed_chunk(..., layer=N)` one of them.
 Embedding a sequence chunk by chunk gives the same outputs as in one piece, for any split: the
 states carry everything the past contributes (the recurrent states, the short convolutions' last
-inputs, the position).  Products are NumPy (BLAS) in the compute dtype (float32 by default,
-float64 selectable), with BLAS held at one thread and a long chunk's rows split across the
-process's threads (`families.project`; the built-in model's layout, `linstream.ops.model.blas`:
-on a shared machine a multi-threaded BLAS call waits for its slowest thread); the recurrences
-are the Numba CPU kernels of `linstream.ops` (these models have no GPU path).
+inputs, the position).  Products are `dense.Dense` (BLAS) in the compute dtype (float32 by
+default, float64 selectable), with BLAS held at one thread and a long chunk's rows in ranges
+fixed by its length, run on the process's threads (`linstream.ops.model.blas`, shared with the
+built-in model: the bits do not depend on the thread count, and on a shared machine no call
+waits for a thread that is not running); the recurrences are the Numba CPU kernels of
+`linstream.ops` (these models have no GPU path).
 """
 
 from __future__ import annotations
@@ -27,31 +30,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.blas import _thread_layout
+from linstream.ops.model.protocol import check_token_ids
 
+from .block import Block, Norm, held_arrays
 from .config import FlaConfig, ModelFolderError
-from .families import FusedProjection, Mixer, project, split_rows
-from .pieces import rms_norm, swiglu
+from .dense import split_rows
 from .state import LayerState, StateSpec, stack_states, stacked_layout, unstack_states
 
-__all__ = ["Block", "FlaModel", "LoadReport"]
+__all__ = ["FlaModel", "LoadReport"]
 
 HOST_BACKENDS = ("auto", "numba", "numpy")
-
-
-@dataclass
-class Block:
-    """One pre-norm block: attn_norm, the mixer, mlp_norm, the SwiGLU MLP (gate|up fused)."""
-
-    attn_norm: np.ndarray
-    mixer: Mixer
-    mlp_norm: np.ndarray
-    gate_up: FusedProjection
-    down: np.ndarray
-
-    def arrays(self) -> list[np.ndarray]:
-        """Every array the block holds (its mixer's included)."""
-        own = [self.attn_norm, self.mlp_norm, self.gate_up.weight, self.down]
-        return own + _arrays_in(vars(self.mixer))
 
 
 @dataclass(frozen=True)
@@ -97,8 +85,8 @@ class FlaModel:
         self,
         config: FlaConfig,
         embed: np.ndarray,
-        blocks: list[Block],
-        final_norm: np.ndarray,
+        blocks: Sequence[Block],
+        final_norm: Norm,
         *,
         fingerprint: str,
         source: str,
@@ -114,9 +102,9 @@ class FlaModel:
         self._tokenizer_problem = tokenizer_problem
         self.load_report = load_report
         self._embed = embed
-        self._blocks = blocks
+        self._blocks = list(blocks)
         self._final = final_norm
-        self.state_specs: list[StateSpec] = [b.mixer.state_spec for b in blocks]
+        self.state_specs: list[StateSpec] = [b.state_spec for b in self._blocks]
 
     def __repr__(self) -> str:
         c = self.config.common
@@ -135,7 +123,7 @@ class FlaModel:
 
     def held_bytes(self) -> int:
         """Bytes of the weights the runtime holds (in the compute dtype)."""
-        arrays = [self._embed, self._final] + [a for b in self._blocks for a in b.arrays()]
+        arrays = [self._embed, *held_arrays(self._final), *held_arrays(self._blocks)]
         return sum(int(a.nbytes) for a in arrays)
 
     def tokenizer_file(self) -> str:
@@ -204,27 +192,7 @@ class FlaModel:
         if not hasattr(tokens, "dtype") or not hasattr(tokens, "shape"):
             msg = f"token ids must be a NumPy array, got {type(tokens).__name__}"
             raise TypeError(msg)
-        x = np.asarray(tokens)
-        if x.dtype.kind not in "iu":
-            msg = f"token ids must be an integer array (e.g. int32 or int64), got dtype {x.dtype}"
-            raise TypeError(msg)
-        if x.ndim != 1:
-            msg = f"token ids must be 1-D [T], got shape {x.shape}"
-            raise ValueError(msg)
-        if x.shape[0] == 0:
-            msg = "empty chunk: token ids must hold at least one token, got shape (0,)"
-            raise ValueError(msg)
-        vocab = self.config.common.vocab_size
-        if x.min() < 0 or x.max() >= vocab:
-            bad = np.flatnonzero((x < 0) | (x >= vocab))
-            pos = int(bad[0])
-            msg = (
-                f"unknown token id {int(x[pos])} at position {pos}: the model's vocabulary has "
-                f"{vocab} ids (0 to {vocab - 1})"
-                + (f"; {bad.size} ids out of range in all" if bad.size > 1 else "")
-            )
-            raise ValueError(msg)
-        return x
+        return check_token_ids(np.asarray(tokens), self.config.common.vocab_size)
 
     # -- forward ----------------------------------------------------------------------------
     def hidden_states(
@@ -280,37 +248,21 @@ class FlaModel:
             raise ValueError(msg)
         ids = self._prepare(tokens)
         st = self.initial_states() if states is None else self._check_states(states)
-        eps = self.config.common.norm_eps
         n = len(self._blocks)
         x = self._embed[ids]
         out = [x] if keep in (None, 0) else []
         new = []
+        carry: dict[str, Any] = {}  # what a block hands later blocks within this chunk
         blas, split = _thread_layout()
         with blas, split_rows(split):
             for i, (b, s) in enumerate(zip(self._blocks, st, strict=True)):
-                a, s_new = b.mixer.forward(rms_norm(x, b.attn_norm, eps), s)
+                x, s_new = b.forward(x, s, carry)
                 new.append(_as_state_dtype(s_new, s.dtype))
-                x = x + a
-                p = b.gate_up(rms_norm(x, b.mlp_norm, eps))
-                x += project(swiglu(p["gate"], p["up"]), b.down)
                 if i < n - 1 and keep in (None, i + 1):
                     out.append(x)
             if keep in (None, n):
-                out.append(rms_norm(x, self._final, eps))
+                out.append(self._final(x))
         return out, new
-
-
-def _arrays_in(attrs: dict[str, Any]) -> list[np.ndarray]:
-    """The arrays among a mixer's attributes, and those of its projections, convs and dicts."""
-    out: list[np.ndarray] = []
-    for v in attrs.values():
-        if isinstance(v, np.ndarray):
-            out.append(v)
-        elif isinstance(v, dict):
-            out.extend(_arrays_in(v))
-        elif hasattr(v, "__dict__") and not isinstance(v, type):
-            out.extend(_arrays_in(vars(v)))
-    return out
 
 
 def _as_state_dtype(st: LayerState, dtype: np.dtype) -> LayerState:

@@ -6,6 +6,8 @@ on the CPU; the real no-device answers are checked where this machine has no GPU
 
 from __future__ import annotations
 
+import collections
+import importlib.util
 import json
 import logging
 import os
@@ -142,15 +144,20 @@ def test_gpu_check_exits_cleanly_without_a_device(tmp_path):
 
 
 def test_gpu_check_logic_runs_on_the_cpu_in_its_dry_run(tmp_path):
-    """The script's own code (correctness loop, rivals, table, JSON) with NumPy for CuPy."""
-    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_CPU_DRYRUN": "1", "GPU_CHECK_SEED": "7"}
+    """The script's own code (correctness loops, rivals, tables, JSON) with NumPy for CuPy and
+    the rule kernels on the CPU emulator; the Numba comparison from a file prepared first, as
+    on the device machine (which has no Numba)."""
+    script = str(ROOT / "tests" / "gpu" / "gpu_check.py")
+    refs = tmp_path / "numba_rules.npz"
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_CPU_DRYRUN": "1", "GPU_CHECK_SEED": "7",
+           "GPU_CHECK_NUMBA_REFS": str(refs), "GPU_CHECK_NO_NUMBA": "1"}  # fmt: skip
+    prep = subprocess.run(
+        [sys.executable, script, "--prepare-numba", str(refs)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert prep.returncode == 0 and refs.exists(), prep.stdout + prep.stderr
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "gpu" / "gpu_check.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
+        [sys.executable, script], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -160,3 +167,68 @@ def test_gpu_check_logic_runs_on_the_cpu_in_its_dry_run(tmp_path):
     assert ("linstream cupy (device arrays)", "bfloat16") in impls
     assert ("pytorch chunked (same form, fp32 matmuls)", "float32") in impls
     assert "| implementation |" in proc.stdout
+    rule_cases = report["rules_correctness"]["cases"]
+    assert all(case["ok"] for case in rule_cases)
+    checks = collections.Counter((c["check"], c["rule"]) for c in rule_cases)
+    for rule in ("decay", "gated", "gated-unnormalized", "vector", "delta", "gated_delta"):
+        assert checks["reference", rule] >= 1 and checks["numba", rule] == 1, checks
+    assert all(str(refs) in c["source"] for c in rule_cases if c["check"] == "numba")
+    rows = {(r["rule"], r["impl"], r["dtype"]) for r in report["rules_throughput"]["rows"]}
+    assert ("gated_delta", "linstream delta_chunks", "bfloat16") in rows
+    assert ("vector", "linstream vector_gated_chunks", "float32") in rows
+    assert "| rule | implementation |" in proc.stdout
+
+
+def _gpu_check_rules():
+    """tests/gpu/gpu_check_rules.py, loaded from its file (tests/gpu is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_rules", ROOT / "tests" / "gpu" / "gpu_check_rules.py"
+    )
+    assert spec is not None and spec.loader is not None
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    return rules
+
+
+def test_gpu_check_names_the_rule_kernel_and_error_of_a_failure(tmp_path, monkeypatch, capsys):
+    """A Numba output that disagrees (one value changed in the prepared file) fails that case,
+    in one line naming the rule, the kernel and the error."""
+    from helpers.cuda_emu import EmuLauncher, compiler_missing
+
+    if compiler_missing() is not None:
+        pytest.skip(str(compiler_missing()))
+    rules = _gpu_check_rules()
+    path = tmp_path / "numba_rules.npz"
+    rules.prepare_numba(str(path), dry_run=True)
+    arrays = dict(np.load(path))
+    arrays["4.out"][10, 1, 3] += 0.5  # case 4: the delta rule
+    np.savez(path, **arrays)
+    monkeypatch.setenv("GPU_CHECK_NO_NUMBA", "1")
+    rows = rules._against_numba(EmuLauncher(1), True, str(path))
+    assert [r["ok"] for r in rows] == [True, True, True, True, False, True]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  FAIL"))
+    assert "delta" in line and "delta_chunks" in line and "out 5.00e-01" in line, line
+
+
+def test_gpu_check_calls_fla_with_arguments_its_kernels_take():
+    """The rivals' calls, bound to fla's own signatures on the CPU (its kernels need a device):
+    the names and shapes the device run will pass."""
+    import inspect
+
+    import fla.ops
+    import torch
+    from helpers import rule_kernels as rk
+
+    rules = _gpu_check_rules()
+    for rule in rules.FLA_OF:
+        case = rk.make_case(rule, 1, 20, 3, 8, 5)
+        x = rk.kernel_inputs(case, 0, 20, np.float32)
+        s0 = rk.initial_state(case, np.float64)
+        name, args, kw = rules.fla_arguments(rule, x, s0, torch, torch.bfloat16, device="cpu")
+        inspect.signature(getattr(fla.ops, name)).bind(*args, **kw)
+        q, k, v = args
+        assert q.shape == k.shape == (1, 20, 3, 8) and v.shape == (1, 20, 3, 5), rule
+        assert kw["initial_state"].shape == (1, 3, 8, 5), rule
+        gate = kw.get("g", kw.get("g_gamma"))
+        want = {"decay": (3,), "vector": (1, 20, 3, 8)}.get(rule, (1, 20, 3))
+        assert (gate is None) == (rule == "delta") and (gate is None or gate.shape == want), rule

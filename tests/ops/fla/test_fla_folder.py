@@ -8,7 +8,9 @@ checked against fla itself in test_fla_oracle.py.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -328,41 +330,79 @@ def test_load_model_routes_a_folder_and_its_url_to_the_same_model(tmp_path):
 
 
 # -- threads -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["gla", "delta_net", "retnet"])
-def test_long_chunks_split_their_rows_across_threads_with_the_same_results(tmp_path, family):
-    """Chunks of 256 tokens or more run their matrix products with BLAS at one thread, the rows
-    in ranges on the process's threads (a helper, the caller taking back what no helper
-    started).  Each range is the same rows of the same product, so the outputs and states are
-    those of one BLAS call over the chunk, bit for bit, whoever runs which range."""
-    import contextlib
+_CUTS = (0, 300, 4400)  # a chunk of two row ranges, then one of four (threads.row_ranges)
+_THREADS_SCRIPT = """
+import itertools, sys
+import numpy as np
+from linstream.ops.model.fla import load_model
+ids = np.random.default_rng(5).integers(0, 50, {end})
+for folder, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    model, st, embs = load_model(folder), None, []
+    for a, b in itertools.pairwise({cuts}):
+        emb, st = model.embed_chunk(ids[a:b], st)
+        embs.append(emb)
+    np.savez(out, emb=np.concatenate(embs), **{{f"{{i}}/{{k}}": s[k] for i, s in enumerate(st)
+                                                for k in s}})
+"""
 
+
+def _streamed(model, ids):
+    st, embs = None, []
+    for a, b in itertools.pairwise(_CUTS):
+        emb, st = model.embed_chunk(ids[a:b], st)
+        embs.append(emb)
+    return {"emb": np.concatenate(embs)} | {f"{i}/{k}": s[k] for i, s in enumerate(st) for k in s}
+
+
+def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_path, monkeypatch):
+    """A product over some rows is not bit-equal to the same rows of a product over all of them
+    (BLAS treats a block's tail rows, and each of its threads' shares, differently), so the
+    runtime holds BLAS at one thread (NumPy's, and SciPy's, which the Numba kernels call) and
+    cuts a long chunk's rows into ranges fixed by its length alone: the outputs and states are
+    the same bits on 1, 2 or 3 threads, in a second process with OPENBLAS_NUM_THREADS=1, and
+    when the caller runs every range itself in another order (a helper that never gets a
+    core)."""
     from linstream.ops.model import blas
     from linstream.ops.model.fla import runtime
-    from linstream.ops.model.threads import row_split
 
-    def reversed_on_caller(fn, t):  # a helper that never gets a core: the caller runs it all
-        for r in reversed([slice(0, t // 3), slice(t // 3, t)]):
+    def reversed_on_caller(fn, t):
+        from linstream.ops.model.threads import row_ranges
+
+        for r in reversed(row_ranges(t)):
             fn(r)
 
-    model = load_model(write_folder(tmp_path / "m", TINY_CONFIGS[family]))
-    ids = np.random.default_rng(5).integers(0, 50, 700)
-    layouts = {
-        "one BLAS call": lambda: (contextlib.nullcontext(), None),
-        "two threads": lambda: (blas._single_threaded_blas(), row_split(2)),
-        "caller only": lambda: (blas._single_threaded_blas(), reversed_on_caller),
-    }
-    got = {}
-    for name, layout in layouts.items():
-        saved = runtime._thread_layout
-        runtime._thread_layout = layout
-        try:
-            emb, st = model.embed_chunk(ids[:300], None)
-            emb2, st = model.embed_chunk(ids[300:], st)
-        finally:
-            runtime._thread_layout = saved
-        got[name] = (np.concatenate([emb, emb2]), st)
-    want_emb, want_st = got.pop("one BLAS call")
-    for name, (emb, st) in got.items():
-        assert np.array_equal(emb, want_emb), name
-        for a, b in zip(st, want_st, strict=True):
-            assert all(np.array_equal(a[k], b[k]) for k in a), name
+    configs = {f: TINY_CONFIGS[f] for f in ("gla", "delta_net", "retnet")}
+    # one head of 128 × 256: the kernels' own products (Numba's np.dot, SciPy's BLAS) are then
+    # large enough for BLAS to run them on its threads (over 2^18 multiply-adds)
+    configs["gla_wide"] = {**TINY_CONFIGS["gla"], "hidden_size": 256, "num_heads": 1}
+    families = list(configs)
+    folders = [write_folder(tmp_path / f, configs[f]) for f in families]
+    ids = np.random.default_rng(5).integers(0, 50, _CUTS[-1])
+    script = _THREADS_SCRIPT.format(end=_CUTS[-1], cuts=_CUTS)
+    args = [a for f, d in zip(families, folders, strict=True) for a in (d, tmp_path / f"{f}.npz")]
+    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def same(want, got, *what):
+        assert got.keys() == want.keys()
+        for k, a in got.items():
+            assert np.array_equal(a, want[k]), (*what, k)
+
+    for family, folder in zip(families, folders, strict=True):
+        model = load_model(folder)
+        monkeypatch.setattr(blas._single_threaded_blas, "_threads", 1)
+        want = _streamed(model, ids)
+        for threads in (2, 3):
+            monkeypatch.setattr(blas._single_threaded_blas, "_threads", threads)
+            same(want, _streamed(model, ids), family, f"{threads} threads")
+        monkeypatch.setattr(
+            runtime, "_thread_layout", lambda: (blas._single_threaded_blas(), reversed_on_caller)
+        )
+        same(want, _streamed(model, ids), family, "caller only, ranges reversed")
+        monkeypatch.undo()
+        with np.load(tmp_path / f"{family}.npz") as f:
+            same(want, dict(f), family, "OPENBLAS_NUM_THREADS=1 process")

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from helpers.cuda_emu import EmuLauncher, compiler_missing
 from helpers.models import TOKENS_SMALL
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +31,7 @@ from linstream.ops import AttentionState, EmbeddingModel, ModelConfig, load_mode
 from linstream.ops.additive.cupy import NumpyKernels, scan_causal
 from linstream.ops.attention import causal_linear_attention
 from linstream.ops.backend import cupy_available
-from linstream.ops.model.device import _Device, exact_eps_attend
+from linstream.ops.model.device import _CupyDevice, _Device, exact_eps_attend
 from linstream.ops.model.layers import forward_chunk as _forward_chunk
 from linstream.ops.model.weights import init_weights
 
@@ -428,6 +429,68 @@ def test_device_path_applies_favor_eps_in_the_unscaled_domain(device, dtype, k_s
     if cfg.eps > 0:  # what the test would see without the fix
         old, _ = m._embed_chunk_on(_ScalarEpsDevice(8), m._prepare_inputs(x), None)
         assert np.max(np.abs(old - ref)) > 1000 * tol
+
+
+# -- the real device class with the CUDA kernels on the CPU emulator -----------------------------
+def _emulated_device(schedule: int = 1) -> _CupyDevice:
+    """`_CupyDevice` as backend="cupy" builds it, its launcher the CPU emulator's: the CUDA
+    kernels' own source runs (tests/helpers/cuda_emu.py), on NumPy arrays."""
+    if compiler_missing() is not None:
+        pytest.skip(str(compiler_missing()))
+    return _CupyDevice(launcher=EmuLauncher(schedule=schedule))
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(sorted(CONFIGS)))
+def test_device_path_with_the_cuda_kernels_equals_the_host_path(seed, kind):
+    """Random chunk splits through `_embed_chunk_on` with `_CupyDevice` (its attention the CUDA
+    kernels, emulated) vs the host runtime on the whole sequence; float32 as on a GPU."""
+    rng = np.random.default_rng(seed)
+    m = _model(kind, int(rng.integers(1000)), np.dtype(np.float32))
+    t = int(rng.integers(1, 60))
+    x = _inputs(rng, m, t)
+    whole, whole_states = m.embed_chunk(x, None, backend="numpy")
+    dev = _emulated_device()
+    states = m.initial_states()
+    parts = []
+    for a, b in itertools.pairwise(_splits(rng, t)):
+        e, states = m._embed_chunk_on(dev, m._prepare_inputs(x[a:b]), states)
+        parts.append(e)
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=2e-4, atol=2e-4)
+    _assert_states_close(states, whole_states, 2e-4, 2e-4)
+
+
+def test_builtin_model_with_the_cuda_kernels():
+    m = load_model("builtin:default")
+    x = np.random.default_rng(2).integers(0, m.config.vocab_size, 150)
+    ref = m.embed(x, backend="numpy")
+    dev = _emulated_device()
+    states: Any = m.initial_states()
+    parts = []
+    for a, b in itertools.pairwise([0, 1, 64, 65, 150]):
+        e, states = m._embed_chunk_on(dev, m._prepare_inputs(x[a:b]), states)
+        parts.append(e)
+    np.testing.assert_allclose(np.concatenate(parts), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_favor_eps_with_the_cuda_kernels(dtype):
+    """FAVOR+ on the device path, far keys and eps = 0 (float32 chunks fall back to float64)."""
+    cfg = dataclasses.replace(FAVOR_BIG, eps=0.0)
+    w = init_weights(cfg, 3)
+    w["layers.0.attn.k.weight"] = w["layers.0.attn.k.weight"] * np.float32(5.0)
+    m = EmbeddingModel(cfg, w, compute_dtype=np.dtype(dtype))
+    x = np.random.default_rng(4).standard_normal((40, 3)) * 2
+    ref, ref_states = m.embed_chunk(x, None, backend="numpy")
+    dev = _emulated_device()
+    states: Any = m.initial_states()
+    parts = []
+    for a, b in itertools.pairwise([0, 1, 17, 40]):
+        e, states = m._embed_chunk_on(dev, m._prepare_inputs(x[a:b]), states)
+        parts.append(e)
+    tol = 1e-10 if dtype == "float64" else 2e-4
+    np.testing.assert_allclose(np.concatenate(parts), ref, rtol=tol, atol=tol)
+    _assert_states_close(states, ref_states, tol, tol)
 
 
 # -- the public surface on a machine without a device ----------------------------------------

@@ -1,6 +1,6 @@
 """The PyTorch twin: equal to the runtime over random chunk splits, trainable, saves and loads.
 
-Tolerances (documented in tests/bench/RESULTS-model.md):
+Tolerances (docs/benchmarks.md#agreement-between-the-runtime-and-the-twin):
   float64 runtime vs float64 twin, full-sequence masked form:   |Δ| <= 1e-9 (seen 2e-13)
   float32 runtime vs float64 twin:   per-token ‖Δ‖/‖e‖ <= 2e-5 for elu+1 (seen 2e-6),
                                      2e-4 for relu and favor+ (seen 3e-5), plus, on an input
@@ -176,7 +176,7 @@ def projection_conditioning_bound(rt64, x, ref):
         return out
 
     def moving(target, sign):
-        def forward(xp, w, x_in, states, *, config, attend, activate=None):
+        def forward(xp, w, x_in, states, *, config, attend, **rest):
             layers = iter(range(config.n_layers))
 
             def att(q, k, v, s, rule):
@@ -190,7 +190,7 @@ def projection_conditioning_bound(rt64, x, ref):
                     (q if which == 0 else k)[:, h, f] += sign * e
                 return attend(q, k, v, s, rule)
 
-            return real_forward(xp, w, x_in, states, config=config, attend=att, activate=activate)
+            return real_forward(xp, w, x_in, states, config=config, attend=att, **rest)
 
         return forward
 

@@ -133,3 +133,30 @@ def test_resume_over_hostile_checkpoints_dead_letters_each_and_goes_on(tmp_path)
         assert (d.chunk_index, d.reason) == (1, "restore_failed"), d
         assert words in d.message, (case, d.message)
     assert _files(outside) == before, "the job wrote or deleted outside the store"
+
+
+def test_a_checkpoint_made_with_another_emit_cannot_give_the_sequences_mean(tmp_path):
+    """emit="sequence" forms the mean from a running sum the commits carry; a checkpoint made
+    with emit="mean" has none, so resuming it with "sequence" dead-letters the chunk (the mean
+    of the new chunks alone would be wrong), while resuming it with "mean" goes on."""
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    size, n = 5, 4
+    q, k, v = (rng.standard_normal((size * n, 2, 3)) for _ in range(3))
+    ckpt = str(tmp_path / "ckpt")
+
+    def transform(**kw):
+        return CausalLinearAttention(backend="numpy", checkpoint_dir=ckpt, checkpoint_every=1, **kw)
+
+    first = run_stage(_chunks(q, k, v, range(2), n, size), transform(emit="mean"))
+    assert len(first.results) == 2 and not first.dead
+    rest = _chunks(q, k, v, range(2, n), n, size)
+    refused = run_stage(rest, transform(emit="sequence", resume=True))
+    assert not refused.results
+    assert [(d.chunk_index, d.reason) for d in refused.dead] == [
+        (2, "restore_failed"),
+        (3, "restore_failed"),
+    ]
+    assert "made with another emit than 'sequence'" in refused.dead[0].message
+    went_on = run_stage(rest, transform(emit="mean", resume=True))
+    assert [r.index for r in went_on.results] == [2, 3] and not went_on.dead

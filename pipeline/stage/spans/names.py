@@ -35,9 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from linstream.state import CorruptCheckpointError, OutputSpan
-from linstream.state.store.filesystems import LocalStorage, open_storage
-from linstream.state.store.manifest import Manifest
-from linstream.state.store.paths import decode_seq_dir, encode_seq_dir, is_hashed_seq_dir
+from linstream.state.store import LocalStorage, Manifest, encode_seq_dir, is_seq_dir, open_storage
 
 __all__ = [
     "RESULTS_DIR",
@@ -167,9 +165,7 @@ def _legacy_place(span: OutputSpan, seq_id: str | None) -> str:
     if pfolder != folder:
         raise refused(span, "its pending file is in another folder than its result file")
     expected_dir = None if seq_id is None else encode_seq_dir(seq_id)
-    if (expected_dir is not None and seq_dir != expected_dir) or not (
-        decode_seq_dir(seq_dir) is not None or is_hashed_seq_dir(seq_dir)
-    ):
+    if (expected_dir is not None and seq_dir != expected_dir) or not (is_seq_dir(seq_dir)):
         want_dir = expected_dir or "a sequence folder"
         raise refused(span, f"expected them in {want_dir}, found folder {seq_dir!r:.80}")
     return results

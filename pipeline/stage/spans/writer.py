@@ -1,17 +1,17 @@
-"""Output spans: the results a checkpoint commit finalizes, written as part of that commit and
-published per output group, so that a job's result files grow with its results, not with its
-sequences times its commits.
+"""Writing output spans: the results a checkpoint commit finalizes, written as part of that
+commit and published per output group, so that a job's result files grow with its results, not
+with its sequences times its commits.
 
 With a checkpoint store and an output folder, the stateful stage does not hand its results to a
 batch sink (whose files only appear when the whole job ends, so a killed job lost every output
 its checkpoints had already claimed).  Instead:
 
 1. At a commit, the outputs of the chunks it applied are written under a hidden name
-   (``.pending-<group>-…``, span_names.py; readers skip names starting with ``.``) and made
+   (``.pending-<group>-…``, names.py; readers skip names starting with ``.``) and made
    durable.
 2. The commit is created.  Its manifest records the span of the sequence's rows in the open
    output group: from its first chunk in the group (its earlier commits in the group are
-   covered again) to the commit's end, with the digest of those rows (span_rows.py) and the
+   covered again) to the commit's end, with the digest of those rows (rows.py) and the
    commit's own pending file.
 3. When the group closes (at the end of the bundle, or once it holds `GROUP_BYTES` of
    results), its committed rows are published as one file, ``part-<group>-0000.parquet``
@@ -27,9 +27,9 @@ for: a job that restores the sequence removes those whose number the history alr
 once the newest span is published (ownership decides, never a file's age).
 
 A manifest is untrusted input, and so are the names its span records: `SpanWriter.check`
-confirms their form (span_names.py) and that the results folder is this job's own or one a job
+confirms their form (names.py) and that the results folder is this job's own or one a job
 of the same checkpoint store marked, before any file they name is touched.  Spans of earlier
-versions (one file per sequence and commit) are read and rolled forward (spans_legacy.py).
+versions (one file per sequence and commit) are read and rolled forward (legacy.py).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from linstream.state import OutputSpan
-from linstream.state.store.filesystems import FsspecStorage, in_thread, open_storage
+from linstream.state.store import FsspecStorage, in_thread, open_storage
 
-from . import spans_legacy
+from . import legacy
 from .group_files import ResultsFolder, storage_url
-from .span_names import (
+from .names import (
     RESULTS_DIR,
     group_file,
     has_store_mark,
@@ -60,10 +60,10 @@ from .span_names import (
     span_check,
     span_place,
 )
-from .span_rows import RowsDigest, concat, parquet_bytes, spans_table
+from .rows import RowsDigest, concat, parquet_bytes, spans_table
 
 if TYPE_CHECKING:  # Beam is not imported here: `linstream checkpoint verify` uses `span_check`
-    from linstream.pipeline.elements import ChunkResult
+    from linstream.pipeline.values import ChunkResult
 
 __all__ = ["GROUP_BYTES", "RESULTS_DIR", "SpanWriter", "Staged", "span_check", "spans_table"]
 
@@ -161,7 +161,7 @@ class SpanWriter:
 
     def check(self, span: OutputSpan, seq_id: str | None = None) -> bool:
         """`CorruptCheckpointError` unless ``span`` (read from a manifest: untrusted) names
-        files of a form written here (span_names.py), in this job's results folder or in one
+        files of a form written here (names.py), in this job's results folder or in one
         that the store marked.  False (nothing to touch: its outputs are lost) when its results
         folder does not exist at all, as after a user removed an old output folder."""
         results = span_place(span, seq_id).results
@@ -300,7 +300,7 @@ class SpanWriter:
         place = span_place(span, seq_id)
         if place.group is None:
             self.durable_seq(seq_id)
-            return spans_legacy.publish(span)
+            return legacy.publish(span)
         ok, parts = self._folder(place.results).roll_forward(
             span, place.group, seq_id, commit, before_publish=lambda: self.durable_seq(seq_id)
         )
@@ -317,8 +317,8 @@ class SpanWriter:
             return
         place = span_place(span, seq_id)
         if place.group is None:
-            spans_legacy.discard(span)
-            spans_legacy.remove_published(span)
+            legacy.discard(span)
+            legacy.remove_published(span)
             return
         folder = self._folder(place.results)
         for name, _p in folder.pending_parts(span, place.group, seq_id, commit, folder.names()):
@@ -333,7 +333,7 @@ class SpanWriter:
             return
         place = span_place(span, seq_id)
         if place.group is None:
-            spans_legacy.remove_published(span)
+            legacy.remove_published(span)
         else:
             self._folder(place.results).remove_rows(
                 place.group, seq_id, max(span.first_chunk, again), span.end_chunk
@@ -359,7 +359,7 @@ class SpanWriter:
                 continue
             self._fs.remove(self._fs.join(name))
             removed += 1
-        removed += spans_legacy.remove_orphans(self._fs, seq_id, up_to_commit)
+        removed += legacy.remove_orphans(self._fs, seq_id, up_to_commit)
         if removed:
             _log.info("removed %d unfinished output files of sequence %r", removed, seq_id)
         return removed

@@ -6,7 +6,7 @@ Such a span is one commit's outputs of one sequence, ``<results>/<seq folder>/<f
 the manifest records the file's size and SHA-256.  A store written by an earlier version names
 them in its commits; a job of this version that restores such a sequence publishes its newest
 span if a crash stopped that, finds it lost if neither file holds its bytes, and writes the
-sequence's later outputs in the group form (span_names.py).
+sequence's later outputs in the group form (names.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import uuid
 from typing import Any
 
 from linstream.state import OutputSpan
-from linstream.state.store.filesystems import LocalStorage, open_storage
-from linstream.state.store.paths import encode_seq_dir
+from linstream.state.store import LocalStorage, encode_seq_dir, open_storage
 
-from .span_names import LEGACY_PENDING_RE
+from .names import LEGACY_PENDING_RE
 
 __all__ = ["discard", "publish", "remove_orphans", "remove_published"]
 

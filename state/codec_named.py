@@ -1,4 +1,5 @@
-"""Checkpoint format 3: a state of named tensors (any state that is not S and z alone).
+"""The checkpoint format of a state of named tensors (format 3: any state that is not S and z
+alone).
 
 Schema (one row)::
 

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:  # Beam is not imported here: `linstream checkpoint verify` reads names only
-    from linstream.pipeline.elements import ChunkResult
+    from linstream.pipeline.values import ChunkResult
 
 __all__ = [
     "RowsDigest",

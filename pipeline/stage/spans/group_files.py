@@ -1,7 +1,7 @@
 """A results folder's group files: what they hold, publishing rows into them exactly once, and
 finding a committed span's rows there or in its pending files.
 
-An output group (span_names.py) is published as files ``part-<group>-<k>.parquet``, k = 0, 1,
+An output group (names.py) is published as files ``part-<group>-<k>.parquet``, k = 0, 1,
 ..., each created with create-if-absent (``O_EXCL``/``link`` on local disk, ``If-None-Match``
 / ``ifGenerationMatch=0`` on object stores).  `ResultsFolder.publish` lists the group's files,
 reads which (sequence, chunk) rows they hold, and creates the next file with the rows they do
@@ -27,10 +27,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from linstream.state import OutputSpan
-from linstream.state.store.filesystems import FsspecStorage, LocalStorage, open_storage
+from linstream.state.store import FsspecStorage, LocalStorage, open_storage
 
-from .span_names import Pending, member_index, member_name, parse_pending, seq_key
-from .span_rows import (
+from .names import Pending, member_index, member_name, parse_pending, seq_key
+from .rows import (
     RowsDigest,
     concat,
     parquet_bytes,
