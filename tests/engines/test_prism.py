@@ -42,14 +42,19 @@ def test_embed_on_prism_equals_fn_api_runner(case, tiny_model, tmp_path):
 
 
 def test_readmes_prism_command_runs_offline_with_the_fetched_engine(case, tiny_model, tmp_path):
-    """`--runner=PrismRunner` alone, offline: the Prism that `make test` fetched is found."""
+    """`--runner=PrismRunner` alone, offline: the Prism that `make test` fetched is found, and
+    without -v the job says only linstream's lines (not Prism's log, nor Beam's line when it
+    stops the Prism process at exit)."""
     prism = need("prism")
     engines = str(Path(prism).parent.parent)  # <cache>/prism-v<version>/prism
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
     cmd = embed_cmd(tiny_model, case.input, out, ckpt, "--runner=PrismRunner")
-    print(summary_line(run(cmd, env=_offline_env(tmp_path / "home", engines))))
+    output = run(cmd, env=_offline_env(tmp_path / "home", engines))
+    print(summary_line(output))
     assert_same_results(case.reference, out, case.chunks)
     assert not (tmp_path / "home" / ".apache_beam").exists(), "Beam downloaded a Prism"
+    others = [ln for ln in output.splitlines() if ln.strip() and not ln.startswith("linstream")]
+    assert not others, output[-3000:]
 
 
 def test_without_a_prism_one_line_says_how_to_get_one(case, tiny_model, tmp_path):
