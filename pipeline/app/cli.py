@@ -81,29 +81,9 @@ def _version() -> str:
 # -- commands -----------------------------------------------------------------------------------
 def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
     quiet_beam(args)  # its chunk files are written with Beam's I/O
-    from .sample import model_input, write_sample
+    from .sample import run_sample
 
-    vocab, dim = (args.vocab_size, args.input_dim)
-    if vocab is None and dim is None:
-        vocab, dim = model_input(args.model)
-    paths = write_sample(
-        args.output,
-        args.sequences,
-        args.tokens,
-        args.chunk_tokens,
-        args.seed,
-        shuffle=args.shuffle,
-        duplicates=args.duplicates,
-        vocab_size=vocab,
-        input_dim=dim,
-        files=args.files,
-    )
-    n_chunks = args.sequences * -(-args.tokens // args.chunk_tokens) + args.duplicates
-    print(
-        f"wrote {n_chunks} chunks ({args.sequences} sequences x {args.tokens} tokens, "
-        f"{args.chunk_tokens} tokens per chunk) to {', '.join(paths)}"
-    )
-    return EXIT_OK
+    return run_sample(args)
 
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
