@@ -43,10 +43,11 @@ def limit_threads(n: int) -> None:
         pool = int(getattr(numba.config, "NUMBA_NUM_THREADS", n))  # its size, set at import
         numba.set_num_threads(min(n, pool))
     if "numpy" in sys.modules:  # its BLAS is loaded: bound it now (else the variables do)
-        from .blas import _blas_libraries, _set_threads
+        from .blas import _blas_libraries, _set_threads, _single_threaded_blas
 
         for lib in _blas_libraries():
             _set_threads(lib, n)
+        _single_threaded_blas._threads = None  # the row split reads BLAS's count again
 
 
 def thread_counts() -> tuple[int, int]:

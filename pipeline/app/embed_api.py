@@ -89,6 +89,7 @@ def embed(
     as_table: bool = False,
     progress: bool | None = None,
     return_dead_letters: bool = False,
+    threads: int | None = None,
 ) -> Any:
     """Embed texts, files or token-id arrays; returns a NumPy array or a pyarrow Table.
 
@@ -112,11 +113,14 @@ def embed(
         for clean input) beside the result; the array form then holds the embedded sequences
         in input order (``as_table=True`` names them).  Without it, dead letters raise
         `DeadLetterError` after every input has run (it holds the result and them).
+    threads: as `linstream embed --threads`: the threads of the kernels (Numba) and of BLAS,
+        and the model runtime's row split, in this process from this call on (process-wide,
+        as `torch.set_num_threads`; `limit_threads`); None: as they are (every core).
 
     What is passed directly and cannot be embedded (an empty text, token ids outside the
     model's vocabulary) raises ValueError (or TypeError) naming the sequence, before any work.
     """
-    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype, threads)
     return job.run(
         inputs,
         StageConfig(emit=emit),
@@ -138,7 +142,7 @@ class Resumable:
     finished one's from its checkpoint).  Dead letters as in `embed` (``return_dead_letters``).
     ``restore_fallback``: continue past a corrupt newest commit from the one before, as
     `--restore-fallback`.  Another writer of the same sequence (a running job) makes its
-    chunks `fenced` dead letters.
+    chunks `fenced` dead letters.  ``threads``: as in `embed`.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class Resumable:
         state_dtype: Any = np.float64,
         checkpoint_every: int = 16,
         restore_fallback: bool = False,
+        threads: int | None = None,
     ) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every!r}"
@@ -160,7 +165,7 @@ class Resumable:
         if checkpoint_every < 1:
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every}"
             raise ValueError(msg)
-        self._job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype)
+        self._job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype, threads)
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self._config = StageConfig(
             checkpoint_dir=self.checkpoint_dir,
@@ -220,6 +225,7 @@ class _Job:
         tokenizer: str | None,
         backend: str,
         state_dtype: Any,
+        threads: int | None = None,
     ) -> _Job:
         from linstream.ops import load_model
         from linstream.pipeline.io.tokenizers import resolve_tokenizer
@@ -228,6 +234,10 @@ class _Job:
         if emit not in EMITS:
             msg = f"emit: expected one of {', '.join(EMITS)}, got {emit!r}"
             raise ValueError(msg)
+        if threads is not None:  # before the model is loaded, as `linstream embed` does
+            from linstream.ops.model.thread_limit import limit_threads
+
+            limit_threads(threads)
         by_name = isinstance(model, (str, os.PathLike))
         loaded = load_model(os.fspath(model)) if by_name else model
         # Where the model came from (a loaded model's file): the tokenizer its file names.

@@ -56,3 +56,31 @@ def test_limit_threads_holds_for_numba_blas_and_the_row_split_in_a_fresh_process
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1", "1"], proc.stdout
+
+
+_PROBE_API = """
+import numpy as np
+from linstream.pipeline import embed
+from linstream.ops.model.blas import _single_threaded_blas
+from linstream.ops.model.thread_limit import thread_counts
+text = ["some text " * 300]
+every = embed(text, backend="numba")  # the default: as the process found them
+before = _single_threaded_blas.threads()
+one = embed(text, backend="numba", threads=1)
+print(before, *thread_counts(), _single_threaded_blas.threads(), int(np.array_equal(every, one)))
+"""
+
+
+def test_embeds_threads_bounds_this_process_from_that_call_on():
+    """`embed(..., threads=1)` after a call without it: the kernels, BLAS and the row split are
+    at one thread from then on, and the numbers do not change (the row ranges are fixed by a
+    chunk's length)."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE_API], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, numba_threads, blas, split, same = proc.stdout.split()
+    if (os.cpu_count() or 1) > 1:
+        assert int(before) > 1, proc.stdout  # else a bound of one would show nothing
+    assert (numba_threads, blas, split, same) == ("1", "1", "1", "1"), proc.stdout
