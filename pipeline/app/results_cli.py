@@ -88,15 +88,19 @@ class _Rows:
 
 
 def _read(output: str) -> _Rows:
-    """Every result row under ``<output>/results`` (hidden and temporary files left out)."""
+    """Every result row under ``<output>/results`` (hidden and temporary files left out), or
+    in ``output`` itself when it names that results folder."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from linstream.pipeline.io.output_files import RESULTS_DIR, visible_files
 
-    folder = f"{output.rstrip('/')}/{RESULTS_DIR}"
+    named = output.rstrip("/")
+    folder = f"{named}/{RESULTS_DIR}"
     fs, paths = visible_files(folder)
+    if not paths and named.rsplit("/", 1)[-1] == RESULTS_DIR:  # the results folder itself
+        fs, paths = visible_files(named)
     if not paths:
-        msg = f"no result files under {folder}"
+        msg = f"no result files under {folder} (OUTPUT: the job's --output folder)"
         raise FileNotFoundError(msg)
     tables = []
     for path in paths:

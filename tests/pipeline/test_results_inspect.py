@@ -110,3 +110,18 @@ def test_plot_draws_each_sequences_chunk_to_chunk_similarity(job):
     assert len(colours) > 20  # two coloured curves, axes, text (antialiased)
     missing = linstream("results", "inspect", "nowhere", cwd=tmp_path)
     assert missing.returncode == 2 and "no result files under nowhere/results" in missing.stderr
+
+
+def test_the_results_folder_itself_reads_as_its_output_folder_and_a_wrong_one_is_one_line(job):
+    """`results inspect out/results` (the folder the summary line names) reads the same rows
+    as `results inspect out`; a folder without results is one line and exit 2."""
+    tmp_path, texts = job
+    whole = linstream("results", "inspect", "out", "--json", cwd=tmp_path)
+    inner = linstream("results", "inspect", "out/results/", "--json", cwd=tmp_path)
+    assert whole.returncode == inner.returncode == 0, (whole.stderr, inner.stderr)
+    assert inner.stdout == whole.stdout and len(inner.stdout.splitlines()) == len(texts)
+    wrong = linstream("results", "inspect", "in", cwd=tmp_path)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.splitlines() == [
+        "linstream results: no result files under in/results (OUTPUT: the job's --output folder)"
+    ]
