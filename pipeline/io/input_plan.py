@@ -39,6 +39,7 @@ __all__ = [
     "input_files",
     "missing_model",
     "plan_input",
+    "refuse_shared_ids",
     "sequence_id",
 ]
 
@@ -367,7 +368,7 @@ def plan_input(config: InputConfig, files: list[tuple[str, str]] | None = None) 
             [p for _, p in files], config.id_column, config.text_column, config.tokens_column
         )
     if fmt == "text":
-        _refuse_shared_ids(files)
+        refuse_shared_ids(files)
     if fmt == "chunks":
         return InputPlan(config, fmt, tuple(files), None)
     model = str(config.model)
@@ -385,15 +386,15 @@ def plan_input(config: InputConfig, files: list[tuple[str, str]] | None = None) 
     return InputPlan(config, fmt, tuple(files), tokenizer)
 
 
-def _refuse_shared_ids(files: list[tuple[str, str]]) -> None:
+def refuse_shared_ids(files: list[tuple[str, str]], what: str = "--input") -> None:
     """A file and a compressed one that would be one sequence (`a.txt` and `a.txt.gz`) are a
-    usage error."""
+    usage error (``what``: the input, as the message names it)."""
     seen: dict[str, str] = {}
     for root, path in files:
         sid = sequence_id(root, path)
         if sid in seen and (_compression(path) or _compression(seen[sid])):
             msg = (
-                f"--input: {seen[sid]} and {path} would both be sequence {sid!r} (a compressed "
+                f"{what}: {seen[sid]} and {path} would both be sequence {sid!r} (a compressed "
                 "file's id leaves out its suffix); rename or leave out one of them"
             )
             raise UsageError(msg)
