@@ -10,6 +10,7 @@ runtime       EmbeddingModel: one chunk at a time, carried per-layer state, no t
 layers        the runtime's layers against an array namespace (NumPy or CuPy)
 kernels       the runtime's fused Numba passes (norms, residual adds, bias + activation)
 blas, threads the runtime's thread layout (BLAS limits, row ranges on helper threads)
+thread_limit  limit_threads(n): the kernels', BLAS's and the row split's threads bounded
 device        the runtime on a CuPy device
 twin          TorchEmbeddingModel, the same function in PyTorch (training, a reference);
               twin_rules holds the update rules in PyTorch.  Needs torch; nothing else here

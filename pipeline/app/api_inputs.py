@@ -105,7 +105,7 @@ def _each(chunks: list[Chunk] | DeadLetter) -> list[Chunk | DeadLetter]:
 def _files_of(path: Path) -> list[tuple[str, str]]:
     """(id, path) of a file (its name) or of every file below a folder (relative paths; hidden
     names skipped), as `linstream embed --input` lists and names them."""
-    from linstream.pipeline.io.text_input import folder_files, sequence_id
+    from linstream.pipeline.io.input_plan import folder_files, refuse_shared_ids, sequence_id
 
     where = str(path)
     if path.is_dir():
@@ -113,6 +113,7 @@ def _files_of(path: Path) -> list[tuple[str, str]]:
         if not found:
             msg = f"{path}: the folder has no files"
             raise ValueError(msg)
+        refuse_shared_ids([(where, p) for p in found], what=where)  # a.txt beside a.txt.gz
         return [(sequence_id(where, p), p) for p in found]
     if not path.exists():
         msg = f"{path}: no such file or folder"

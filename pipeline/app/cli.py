@@ -1,31 +1,29 @@
-"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc.
+"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc, results
+inspect.
 
 Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
 missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
 `--max-dead-letters` rule; 130 stopped by SIGINT; 143 stopped by SIGTERM.  Every error is one
-line on stderr; `-v` adds the traceback.  `linstream --help` and `linstream checkpoint ...` import
-no Beam (the embed parser is only built for `linstream embed`).
+line on stderr; `-v` adds the traceback.  No command imports Beam before its flags are read and
+checked (a usage error is one line in well under a second); `linstream --help` and
+`linstream checkpoint ...` never import it.
 
-(About 450 lines: one parser per subcommand and the one-line errors and exit statuses they share;
-logging, options, the job and the checkpoint commands have their own modules.)
+(One parser per subcommand and the one-line errors and exit statuses they share; `embed`'s run
+and its stop line, logging, options, the job and the checkpoint and results commands have
+their own modules.)
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
-import os
-import shlex
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-from .cli_logging import quiet_imports, setup_logging, verbosity
+from .cli_logging import quiet_beam, setup_logging, verbosity
 from .closed_stdout import tolerate_closed_stdout
-
-if TYPE_CHECKING:
-    from .options import EmbedConfig
+from .job_summary import EXIT_DEAD_LETTERS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 __all__ = [
     "EXIT_DEAD_LETTERS",
@@ -36,13 +34,8 @@ __all__ = [
     "main",
 ]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEAD_LETTERS = 0, 1, 2, 3
 _PROG = "linstream"
 _log = logging.getLogger("linstream.cli")
-
-
-class _Usage(Exception):
-    """A usage error found by the command line itself (exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,152 +80,40 @@ def _version() -> str:
 
 # -- commands -----------------------------------------------------------------------------------
 def _cmd_sample(args: argparse.Namespace, _rest: list[str]) -> int:
-    from .sample import model_input, write_sample
+    quiet_beam(args)  # its chunk files are written with Beam's I/O
+    from .sample import run_sample
 
-    vocab, dim = (args.vocab_size, args.input_dim)
-    if vocab is None and dim is None:
-        vocab, dim = model_input(args.model)
-    paths = write_sample(
-        args.output,
-        args.sequences,
-        args.tokens,
-        args.chunk_tokens,
-        args.seed,
-        shuffle=args.shuffle,
-        duplicates=args.duplicates,
-        vocab_size=vocab,
-        input_dim=dim,
-        files=args.files,
-    )
-    n_chunks = args.sequences * -(-args.tokens // args.chunk_tokens) + args.duplicates
-    print(
-        f"wrote {n_chunks} chunks ({args.sequences} sequences x {args.tokens} tokens, "
-        f"{args.chunk_tokens} tokens per chunk) to {', '.join(paths)}"
-    )
-    return EXIT_OK
-
-
-def _note(line: str) -> None:
-    print(f"linstream embed: {line}", file=sys.stderr, flush=True)
-
-
-def _resume_command(config: EmbedConfig, argv: list[str]) -> str:
-    again = list(argv)
-    if not config.resume:
-        again.append("--resume")
-    return shlex.join([_PROG, *again])
-
-
-def _report_stop(
-    config: EmbedConfig, argv: list[str], signame: str, rest: list[str], cancelled: bool = False
-) -> None:
-    from .job import is_local_runner, runner_of
-    from .stopping import remove_stale_temporaries, result_files
-
-    runner = runner_of(rest)
-    if not is_local_runner(runner):
-        if cancelled:
-            again = "; run it again with --resume to continue" if config.checkpoint_dir else ""
-            what = (
-                f"the job was cancelled on {runner} too (its LOOPBACK workers ran in this "
-                f"process){again}"
-            )
-        else:
-            what = f"stopped waiting; the job goes on running on {runner} (cancel it there)"
-        print(f"linstream embed: stopped by {signame}: {what}", file=sys.stderr)
-        return
-    output = str(config.output).rstrip("/")
-    removed = remove_stale_temporaries(output)
-    local = "://" not in output
-    finalized = result_files(output) if local else None
-    if finalized is not None:
-        files = f"{finalized:,} result file(s) finalized under {output}/results"
-    else:
-        files = f"the result files under {output}/results are finalized"
-    tidy = f", {len(removed)} temporary folder(s) removed" if removed else ""
-    if config.checkpoint_dir:
-        tail = f"resume with: {_resume_command(config, argv)}"
-    else:
-        again = " with --output-mode overwrite" if finalized != 0 else ""
-        tail = (
-            f"nothing can be resumed without --checkpoint-dir (run it again{again} to start over)"
-        )
-    print(f"linstream embed: stopped by {signame}: {files}{tidy}; {tail}", file=sys.stderr)
+    return run_sample(args)
 
 
 def _cmd_embed(args: argparse.Namespace, rest: list[str]) -> int:
-    from .job import dead_letter_verdict, is_local_runner, run_embed, runner_of
-    from .options import EmbedConfig
-    from .stopping import Stopped, run_stoppable
+    from .embed_command import run
 
-    _check_beam_args(rest)
-    config = EmbedConfig.from_args(args)  # parsed once; everything below reads this
-    try:
-        summary = run_stoppable(lambda: run_embed(config, rest, log=_note))
-    except Stopped as stop:
-        _report_stop(config, args.argv, str(stop), rest, cancelled=stop.hooks_done > 0)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(stop.exit_code)  # the runner's threads are not joined: they were stopped
-    out = str(config.output).rstrip("/")
-    runner = runner_of(rest)
-    if not summary.counters and not is_local_runner(runner):  # e.g. a dry run, or no metrics
-        print(f"linstream embed: handed to {runner}; its counters are on the runner's job page")
-        print(f"results in {out}/results/")
-        return EXIT_OK
-    where = f" in {out}/dead_letters/" if summary.dead_letters else ""
-    print(f"linstream embed: {summary.line()}")
-    print(f"linstream embed: {summary.dead_letter_line()}{where}")
-    if summary.rows_written is None:
-        print(f"results in {out}/results/")
-    else:
-        print(f"linstream embed: {summary.rows_written:,} result row(s) written to {out}/results/")
-    verdict = dead_letter_verdict(summary, config.max_dead_letters)
-    if verdict:
-        print(f"linstream embed: exit 3: {verdict}", file=sys.stderr)
-        return EXIT_DEAD_LETTERS
-    return EXIT_OK
+    return run(args, rest)
 
 
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from .launch import check_pass_through
+
+    check_pass_through(rest)  # its Beam arguments, before Beam is imported
+    quiet_beam(args)
+    from .embed_command import check_beam_values
+
+    check_beam_values(rest)
     from .demo import run_demo
 
-    _check_beam_args(rest)
     return run_demo(args, rest)
 
 
 def _check_beam_args(rest: list[str]) -> None:
-    """Refuse what is neither a linstream option nor a Beam pipeline option (typos)."""
-    if not rest:
-        return
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+    """Refuse what is neither a linstream option nor a Beam pipeline option (typos), naming the
+    closest option; then let Beam's parsers check its options' values."""
+    from .launch import check_pass_through
 
-    from . import options as _options  # registers LinstreamOptions' spellings
+    check_pass_through(rest)
+    from .embed_command import check_beam_values
 
-    class _Quiet(_BeamArgumentParser):
-        def error(self, message: str) -> NoReturn:
-            raise _Usage(message)
-
-    parser = _Quiet(allow_abbrev=False)
-    seen: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():
-        seen.setdefault(str(cls), cls)
-    for cls in seen.values():
-        cls._add_argparse_args(parser)  # the same parsers Beam itself builds
-    _, unknown = parser.parse_known_args(rest)
-    if not unknown:
-        return
-    bad = unknown[0]
-    name = bad.split("=", 1)[0]
-    known = [s for s in parser._option_string_actions if s.startswith("--")]
-    known += [s for f in _options.EMBED_FLAGS for s in f.spellings()]
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    if not name.startswith("-"):
-        msg = f"unexpected argument {bad!r}"
-    else:
-        msg = f"unknown option {name}{hint} (not a linstream option nor a Beam pipeline option)"
-    raise _Usage(msg)
+    check_beam_values(rest)
 
 
 # -- parsers ------------------------------------------------------------------------------------
@@ -315,7 +196,7 @@ def _add_embed(sub: Any, full: bool) -> None:
     p = sub.add_parser(
         "embed", help=_EMBED_HELP, description=_EMBED_DESCRIPTION, formatter_class=_DEFAULTS
     )
-    if full:  # imports Beam: only when the command is `embed`
+    if full:  # the option table: only when the command is `embed`
         from .job import add_embed_arguments
 
         add_embed_arguments(p)
@@ -365,6 +246,13 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _add_results(sub: Any) -> None:
+    from .results_cli import add_results_parser
+
+    parser = add_results_parser(sub)
+    _verbose(parser)
+
+
 def _add_checkpoint(sub: Any) -> None:
     from .checkpoint_cli import add_checkpoint_parser
 
@@ -390,6 +278,7 @@ def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_warmup(sub)
     _add_checkpoint(sub)
+    _add_results(sub)
     return parser
 
 
@@ -401,8 +290,13 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, LookupErro
 
 
 def _one_line(ex: BaseException) -> str:
-    """A runner error's message can hold whole tracebacks: keep its last informative line."""
+    """A runner error's message can hold whole tracebacks: keep its last informative line (a
+    usage error's own line is kept whole)."""
+    from linstream.pipeline.errors import UsageError
+
     lines = [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
+    if isinstance(ex, UsageError) and len(lines) == 1:
+        return lines[0]
     if not lines:
         return type(ex).__name__
     named = [ln for ln in lines if ln.split(":", 1)[0].endswith(("Error", "Exception"))]
@@ -427,10 +321,7 @@ def _main(argv: list[str]) -> int:
     command = _command_of(argv)
     levels = setup_logging(verbosity(argv))
     try:
-        with quiet_imports(verbosity(argv)):
-            parser = build_parser(command)
-            if command in ("embed", "demo", "sample"):
-                import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet
+        parser = build_parser(command)  # no Beam: it is imported once the flags are checked
         args, rest = parser.parse_known_args(argv)
         if rest and args.command not in ("embed", "demo"):
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -452,8 +343,6 @@ def _run(args: argparse.Namespace, rest: list[str], argv: list[str], verbose: in
     except KeyboardInterrupt:
         print(f"{prog}: stopped by SIGINT", file=sys.stderr)
         return 130
-    except _Usage as ex:
-        return _fail(prog, ex, EXIT_USAGE, verbose)
     except Exception as ex:
         from_run = type(ex).__name__ == "JobFailed"
         user = not from_run and isinstance(ex, _USER_ERRORS)

@@ -4,13 +4,22 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import sys
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["LOGGERS", "StderrHandler", "quiet_imports", "setup_logging", "verbosity"]
+__all__ = [
+    "JOB_SERVER_LOGGERS",
+    "LOGGERS",
+    "StderrHandler",
+    "quiet_beam",
+    "quiet_imports",
+    "setup_logging",
+    "verbosity",
+]
 
 LOGGERS = ("", "linstream", "linstream.progress", "apache_beam", "apache_beam.typehints")
 
@@ -60,10 +69,31 @@ def setup_logging(verbose: int) -> dict[str, int]:
         hints.setLevel(logging.WARNING)  # one line per type hint it cannot read: noise
     else:  # the runner logs worker failures with their tracebacks; -v shows them
         beam.setLevel(logging.CRITICAL)
+    _quiet_job_servers(verbose <= 0)
     if not any(isinstance(h, StderrHandler) for h in progress.handlers):
         progress.addHandler(StderrHandler())
         progress.propagate = False
     return before
+
+
+#: Loggers of the job servers Beam starts as processes of their own (Prism): their output is
+#: relayed to "PrismJobServer" (a logger outside apache_beam that Beam sets to INFO itself) and
+#: their stop, at the process's exit, is a warning of apache_beam.utils.subprocess_server.
+JOB_SERVER_LOGGERS = ("PrismJobServer", "apache_beam.utils.subprocess_server")
+_JOB_SERVER_SINK = logging.NullHandler()
+
+
+def _quiet_job_servers(quiet: bool) -> None:
+    """Without -v, a job server's lines are not shown, neither while the job runs nor when Beam
+    stops the server at the process's exit (after `setup_logging`'s levels are restored: this
+    holds for the rest of the process); with -v they are."""
+    for name in JOB_SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.propagate = not quiet
+        if quiet and _JOB_SERVER_SINK not in logger.handlers:
+            logger.addHandler(_JOB_SERVER_SINK)  # else Python's last-resort handler prints
+        elif not quiet and _JOB_SERVER_SINK in logger.handlers:
+            logger.removeHandler(_JOB_SERVER_SINK)
 
 
 @contextlib.contextmanager
@@ -83,3 +113,10 @@ def quiet_imports(verbose: int) -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
+
+
+def quiet_beam(args: argparse.Namespace) -> None:
+    """Import Beam (once a command's flags are checked) without its import-time lines, unless
+    the command has -v."""
+    with quiet_imports(int(getattr(args, "verbose", 0) or 0)):
+        import apache_beam  # noqa: F401 - imported here, where its import-time lines are quiet

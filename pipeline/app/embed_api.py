@@ -90,6 +90,7 @@ def embed(
     progress: bool | None = None,
     return_dead_letters: bool = False,
     compute_dtype: Any = None,
+    threads: int | None = None,
 ) -> Any:
     """Embed texts, files or token-id arrays; returns a NumPy array or a pyarrow Table.
 
@@ -115,11 +116,16 @@ def embed(
         `DeadLetterError` after every input has run (it holds the result and them).
     compute_dtype: as `linstream embed --compute-dtype` (float32 by default; "bfloat16" for a
         checkpoint folder), for a model given by name or path (a loaded model keeps its own).
+    threads: as `linstream embed --threads`: the threads of the kernels (Numba) and of BLAS,
+        and the model runtime's row split, in this process from this call on (process-wide,
+        as `torch.set_num_threads`; `limit_threads`); None: as they are (every core).
 
     What is passed directly and cannot be embedded (an empty text, token ids outside the
     model's vocabulary) raises ValueError (or TypeError) naming the sequence, before any work.
     """
-    job = _Job.make(model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype)
+    job = _Job.make(
+        model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype, threads
+    )
     return job.run(
         inputs,
         StageConfig(emit=emit),
@@ -141,7 +147,7 @@ class Resumable:
     finished one's from its checkpoint).  Dead letters as in `embed` (``return_dead_letters``).
     ``restore_fallback``: continue past a corrupt newest commit from the one before, as
     `--restore-fallback`.  Another writer of the same sequence (a running job) makes its
-    chunks `fenced` dead letters.
+    chunks `fenced` dead letters.  ``threads``: as in `embed`.
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class Resumable:
         checkpoint_every: int = 16,
         restore_fallback: bool = False,
         compute_dtype: Any = None,
+        threads: int | None = None,
     ) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every!r}"
@@ -165,7 +172,7 @@ class Resumable:
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every}"
             raise ValueError(msg)
         self._job = _Job.make(
-            model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype
+            model, emit, chunk_tokens, tokenizer, backend, state_dtype, compute_dtype, threads
         )
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self._config = StageConfig(
@@ -227,6 +234,7 @@ class _Job:
         backend: str,
         state_dtype: Any,
         compute_dtype: Any = None,
+        threads: int | None = None,
     ) -> _Job:
         from linstream.pipeline.io.tokenizers import resolve_tokenizer
         from linstream.pipeline.stage.steps import EmbedStep
@@ -234,6 +242,10 @@ class _Job:
         if emit not in EMITS:
             msg = f"emit: expected one of {', '.join(EMITS)}, got {emit!r}"
             raise ValueError(msg)
+        if threads is not None:  # before the model is loaded, as `linstream embed` does
+            from linstream.ops.model.thread_limit import limit_threads
+
+            limit_threads(threads)
         dtype = np.dtype(state_dtype)
         if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             msg = f"state_dtype: expected float64 or float32, got {dtype}"

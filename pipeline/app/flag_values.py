@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DeadLetterLimit",
+    "chunk_tokens_value",
     "dead_letter_limit_text",
     "non_negative_float",
     "non_negative_int",
@@ -43,6 +44,22 @@ def positive_int(value: str) -> int:
         n = 0
     if n < 1:
         msg = f"expected a whole number >= 1, got {value!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return n
+
+
+def chunk_tokens_value(value: str) -> int:
+    """`--chunk-tokens`: a whole number from 1 to the largest chunk the stateful stage takes
+    (`StageConfig.max_chunk_tokens`; a longer chunk would be a `too_large` dead letter)."""
+    from linstream.pipeline.stage.config import MAX_CHUNK_TOKENS
+
+    n = positive_int(value)
+    if n > MAX_CHUNK_TOKENS:
+        msg = (
+            f"expected at most {MAX_CHUNK_TOKENS:,} tokens per chunk (the largest chunk the "
+            f"stage takes; a sequence of any length is cut into chunks and its state carried "
+            f"from one to the next), got {value!r}"
+        )
         raise argparse.ArgumentTypeError(msg)
     return n
 

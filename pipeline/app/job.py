@@ -3,7 +3,15 @@
 `build_embed_pipeline` only adds transforms to a pipeline, so deploy tooling can build the same
 graph for Dataflow (or translate it with a dry run) that `linstream embed` runs locally.  Both
 take one `EmbedConfig` (options.py), built once from the command line, a `PipelineOptions` view
-or a dict.
+or a dict.  `run_embed` checks everything first (`launch.prepare_launch`, no Beam), then builds
+the pipeline from what the checks found, and runs it:
+
+    cli._cmd_embed -> run_embed -> prepare_launch (checks; the store opened once for them)
+                                -> build_embed_pipeline -> EmbedSequences -> SequenceStage
+                                -> the run, the dead letters settled, the summary
+
+Beam is imported by the functions that use it, not by this module: the command line reads its
+flags and makes its checks before Beam's import (about two seconds) is paid.
 """
 
 from __future__ import annotations
@@ -12,24 +20,27 @@ import argparse
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
-from linstream.pipeline.io import WriteDeadLetters, WriteResults
-from linstream.pipeline.io.output_files import settle_dead_letters
-from linstream.pipeline.io.text_input import read_input
-from linstream.pipeline.stage.counters import NAMESPACE
-from linstream.pipeline.stage.transforms import EmbedSequences
 
-from .flag_values import DeadLetterLimit, parse_dead_letter_limit
-from .local_runner import state_cache_for
+from .job_summary import JobSummary, dead_letter_verdict
+from .launch import Launch, check_flags, prepare_launch
 from .options import EmbedConfig
 from .options import add_embed_arguments as add_flags
-from .second_run import check_checkpoint_dir, prepare_output
+from .runners import (
+    DEFAULT_LOCAL_RUNNER,
+    LOCAL_RUNNERS,
+    is_local_runner,
+    prism_args,
+    prism_hint,
+    runner_of,
+)
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from linstream.pipeline.io.input_plan import InputPlan
+    from linstream.pipeline.stage.transforms import EmbedSequences
 
 __all__ = [
     "DEFAULT_LOCAL_RUNNER",
@@ -38,7 +49,6 @@ __all__ = [
     "JobSummary",
     "add_embed_arguments",
     "build_embed_pipeline",
-    "check_embed_args",
     "dead_letter_verdict",
     "embed_transform",
     "is_local_runner",
@@ -47,40 +57,22 @@ __all__ = [
     "runner_of",
 ]
 
-#: The local runner that needs no download (the default DirectRunner may fetch Prism).
-DEFAULT_LOCAL_RUNNER = "FnApiRunner"
-#: Runners whose workers run on this machine (a check of this machine's GPU holds for them).
-LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
-
-
-def runner_of(beam_args: list[str]) -> str:
-    """The `--runner` the Beam arguments name (the last one given), else the local default."""
-    runner = DEFAULT_LOCAL_RUNNER
-    for i, arg in enumerate(beam_args):
-        if arg.startswith("--runner="):
-            runner = arg.split("=", 1)[1]
-        elif arg == "--runner" and i + 1 < len(beam_args):
-            runner = beam_args[i + 1]
-    return runner
-
-
-def is_local_runner(runner: str) -> bool:
-    """Whether `runner` (a name or a dotted path) runs its workers on this machine."""
-    return runner.rsplit(".", 1)[-1] in LOCAL_RUNNERS
-
 
 def add_embed_arguments(parser: argparse.ArgumentParser) -> None:
     """The embed job's own options (`linstream.pipeline.app.options.EMBED_FLAGS`, both spellings of
     each) and the streaming sources'; anything else is a Beam pipeline option."""
-    from linstream.pipeline.io.streaming import add_streaming_args
+    from linstream.pipeline.io.reader_config import add_streaming_args
 
     add_flags(parser)
     add_streaming_args(parser)
 
 
 def pipeline_options(beam_args: list[str], *, streaming: bool = False) -> PipelineOptions:
-    """Beam options from pass-through args, with the local runner pinned unless one is named."""
-    args = list(beam_args)
+    """Beam options from pass-through args, with the local runner pinned unless one is named
+    (and Prism pointed at the binary the project fetched: `runners.prism_args`)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    args = prism_args(list(beam_args))
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         args.append(f"--runner={DEFAULT_LOCAL_RUNNER}")
     if streaming and "--streaming" not in args:
@@ -88,46 +80,56 @@ def pipeline_options(beam_args: list[str], *, streaming: bool = False) -> Pipeli
     return PipelineOptions(args)
 
 
-def embed_transform(config: EmbedConfig, *, total_tokens: int | None = None) -> EmbedSequences:
-    """The job's `EmbedSequences` (its model loaded here: ``.model`` names the output width and
-    the fingerprint); ``total_tokens`` (what the job has to do, when counted before the run)
-    gives the progress line an ETA."""
+def embed_transform(
+    config: EmbedConfig, *, total_tokens: int | None = None, model: Any = None
+) -> EmbedSequences:
+    """The job's `EmbedSequences` (``model``: the model already loaded from ``config.model``,
+    else it is loaded here: ``.model`` names the output width and the fingerprint);
+    ``total_tokens`` (what the job has to do, when counted before the run) gives the progress
+    line an ETA."""
+    from linstream.pipeline.stage.transforms import EmbedSequences
+
     return EmbedSequences(
         config.model,
         backend=config.backend,
         state_dtype=config.state_dtype,
         layer=config.layer,
         compute_dtype=config.compute_dtype,
+        loaded=model,
         stage=config.stage_config(total_tokens=total_tokens),
     )
 
 
 def build_embed_pipeline(
-    pipeline: beam.Pipeline,
+    pipeline: Any,
     config: EmbedConfig,
     *,
     total_tokens: int | None = None,
     transform: EmbedSequences | None = None,
+    inputs: InputPlan | None = None,
 ) -> tuple[Any, Any]:
     """Add read → EmbedSequences → write to `pipeline`; returns (results, dead_letters).
 
     With ``config.streaming``, chunks come from the streaming source (`config.stream`);
     ``total_tokens`` (the input's, when counted before the run) gives the progress line an ETA;
-    ``transform``: the job's `embed_transform`, when the caller made it already.
+    ``transform`` and ``inputs``: the job's `embed_transform` and input plan, when the caller
+    (`run_embed`) made them already; else the flags are checked and they are made here.
     """
-    output = config.output
-    if not output:
-        msg = "--output is required"
-        raise UsageError(msg)
+    import apache_beam as beam
+    from linstream.pipeline.io.output_writers import WriteDeadLetters, WriteResults
+    from linstream.pipeline.io.text_input import read_input
+
     if transform is None:
+        check_flags(config)
         transform = embed_transform(config, total_tokens=total_tokens)
+    output = str(config.output)
     width = int(transform.model.config.d_model)
     if config.streaming:
         from linstream.pipeline.io.streaming import read_stream_chunks
 
         chunks, source_dead = read_stream_chunks(pipeline, config.stream, with_dead_letters=True)
     else:
-        chunks, source_dead = read_input(pipeline, config.input_config())
+        chunks, source_dead = read_input(pipeline, inputs or config.input_config())
     results, dead = chunks | "Embed" >> transform.with_exception_handling()
     if source_dead is not None:
         dead = (dead, source_dead) | "AllDeadLetters" >> beam.Flatten()
@@ -147,87 +149,13 @@ class JobFailed(RuntimeError):
     """The Beam run itself failed (exit status 1); the runner's error is the cause."""
 
 
-@dataclass
-class JobSummary:
-    """What one local run did: wall time and the `linstream` counters."""
-
-    wall_s: float
-    counters: dict[str, int] = field(default_factory=dict)
-    kernel_time_s: float = 0.0
-    #: rows of the result files the job added under ``<output>/results/`` (None: not counted)
-    rows_written: int | None = None
-
-    @property
-    def tokens(self) -> int:
-        return self.counters.get("tokens", 0)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def dead_letters(self) -> int:
-        return self.counters.get("dead_letters", 0)
-
-    def dead_letter_reasons(self) -> dict[str, int]:
-        """{reason: count} from the `dead_letters.<reason>` counters, largest first."""
-        prefix = "dead_letters."
-        found = {k[len(prefix) :]: v for k, v in self.counters.items() if k.startswith(prefix)}
-        return dict(sorted(((k, v) for k, v in found.items() if v), key=lambda kv: (-kv[1], kv[0])))
-
-    def dead_letter_line(self) -> str:
-        """`dead letters: 3 (bad_tokens 2, restore_failed 1)` or `dead letters: none`."""
-        if not self.dead_letters:
-            return "dead letters: none"
-        reasons = ", ".join(f"{k} {v:,}" for k, v in self.dead_letter_reasons().items())
-        return f"dead letters: {self.dead_letters:,}" + (f" ({reasons})" if reasons else "")
-
-    def line(self) -> str:
-        c = self.counters
-        return (
-            f"{c.get('chunks', 0):,} chunks, {self.tokens:,} tokens in {self.wall_s:.1f} s "
-            f"({self.tokens_per_s:,.0f} tokens/s); duplicates {c.get('duplicates', 0)}, "
-            f"buffered {c.get('buffered', 0)}, gaps {c.get('gaps', 0)}, "
-            f"dead letters {c.get('dead_letters', 0)}, commits {c.get('commits', 0)}, "
-            f"restores {c.get('restores', 0)}"
-        )
-
-
-def dead_letter_verdict(
-    summary: JobSummary, limit: DeadLetterLimit | str | None = None
-) -> str | None:
-    """Why the job must exit 3 (a sentence), or None.
-
-    The rule: any `restore_failed` dead letter (a sequence's checkpoint could not be read, so
-    none of its chunks was embedded); a job whose chunks all went to the dead letters (none
-    applied, none skipped as applied before: a resumed job with nothing left to do is fine); or
-    more dead letters than `--max-dead-letters` (N, or P% of the chunks the job met: applied,
-    skipped as applied before, and dead letters).
-    """
-    if isinstance(limit, str):
-        limit = parse_dead_letter_limit(limit)
-    c = summary.counters
-    dead = summary.dead_letters
-    # A chunk skipped as already applied (a resume, a resent chunk) is a chunk done, not dead.
-    chunks = c.get("chunks", 0) + c.get("duplicates", 0) + c.get("duplicates_unchecked", 0)
-    restore_failed = summary.counters.get("dead_letters.restore_failed", 0)
-    if restore_failed:
-        return (
-            f"{restore_failed:,} chunk(s) went to the dead letters as restore_failed: their "
-            "sequences' checkpoints could not be read (see `linstream checkpoint verify`; "
-            "--restore-fallback continues from an older commit)"
-        )
-    if dead and not chunks:
-        return f"all {dead:,} input chunk(s) or row(s) went to the dead letters; none was embedded"
-    if limit is not None and limit.exceeded(dead, chunks):
-        return f"{dead:,} dead letter(s) exceed --max-dead-letters {limit}"
-    return None
-
-
 def _query_metrics(result: Any) -> tuple[dict[str, int], float]:
     counters: dict[str, int] = {}
     kernel_s = 0.0
     try:
+        from apache_beam.metrics.metric import MetricsFilter
+        from linstream.pipeline.stage.counters import NAMESPACE
+
         res = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
     except (NotImplementedError, AttributeError):  # runners without metrics
         return counters, kernel_s
@@ -252,28 +180,6 @@ def _remove_empty_temp_dirs(output: str | None) -> None:
             path = os.path.join(dirpath, name)
             if name.startswith(".temp") and os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
-
-
-def check_embed_args(config: EmbedConfig, beam_args: list[str]) -> None:
-    """Usage errors found before anything runs (UsageError, exit status 2)."""
-    if config.resume and not config.checkpoint_dir:
-        msg = "--resume needs --checkpoint-dir (the checkpoint store to continue from)"
-        raise UsageError(msg)
-    if not config.output:
-        msg = "--output is required"
-        raise UsageError(msg)
-    if (beam_args and beam_args[-1] == "--runner") or "--runner=" in beam_args:
-        msg = "--runner needs a value (e.g. FnApiRunner, DataflowRunner)"
-        raise UsageError(msg)
-    # A remote runner's workers have their own GPUs: they check theirs when the stage starts
-    # (EmbedStep.setup refuses a backend that cannot run there); only a local run checks here.
-    if config.backend == "cupy" and is_local_runner(runner_of(beam_args)):
-        from linstream.ops.backend import cupy_unavailable_reason
-
-        reason = cupy_unavailable_reason()
-        if reason:
-            msg = f"--backend cupy: no usable GPU here ({reason}); use --backend auto or numba"
-            raise UsageError(msg)
 
 
 def numba_cache_is_cold() -> bool:
@@ -335,52 +241,73 @@ def _cancelled_on_stop(
     return on_stop(result.cancel)
 
 
-def run_embed(
-    config: EmbedConfig, beam_args: list[str] | None = None, *, log: Any = None
-) -> JobSummary:
-    """Build and run the embed job to completion (local runners); return its summary.
+def _prism_missing(runner: str, ex: BaseException) -> UsageError | None:
+    """A Prism run that failed because Beam could not fetch the Prism binary: one line saying
+    how to get one (else None)."""
+    if runner.rsplit(".", 1)[-1] != "PrismRunner":
+        return None
+    text = str(ex)
+    if "prism binary" not in text.lower():
+        return None
+    line = next((ln for ln in text.splitlines() if "prism binary" in ln.lower()), text)
+    return UsageError(prism_hint(line.strip()))
 
-    Raises UsageError for what is wrong in ``config`` (before anything runs) and JobFailed when
-    the run itself fails.  `log(line)` receives the one-line notes (stale temporaries removed,
-    kernels compiling); default: the `linstream.pipeline.app.job` logger.
+
+def run_embed(
+    config: EmbedConfig,
+    beam_args: list[str] | None = None,
+    *,
+    log: Any = None,
+    launch: Launch | None = None,
+) -> JobSummary:
+    """Check, build and run the embed job to completion (local runners); return its summary.
+
+    Raises UsageError for what is wrong in ``config`` (before anything is created; ``launch``:
+    the checks' `prepare_launch`, when the caller made it) and JobFailed when the run itself
+    fails.  `log(line)` receives the one-line notes (stale temporaries removed, kernels
+    compiling); default: the `linstream.pipeline.app.job` logger.
     """
     import logging
 
     say = log or logging.getLogger(__name__).info
     beam_args = list(beam_args or [])
-    check_embed_args(config, beam_args)
-    check_checkpoint_dir(config)
-    from .stopping import remove_stale_temporaries
+    if launch is None:
+        launch = prepare_launch(config, beam_args)
+    import apache_beam as beam
+    from linstream.pipeline.io.output_files import settle_dead_letters
 
-    total = None
-    if config.progress_every and not config.streaming:
-        from .work_left import tokens_to_do
+    from .local_runner import state_cache_for
+    from .stopping import hold_stages, on_stop, remove_stale_temporaries
 
-        total = tokens_to_do(config)  # the progress line's 100% (a resume: what is left)
     opts = pipeline_options(beam_args, streaming=config.streaming)
     pipeline = beam.Pipeline(options=opts)
-    transform = embed_transform(config, total_tokens=total)
-    build_embed_pipeline(pipeline, config, transform=transform)  # checks the input too
+    transform = embed_transform(config, total_tokens=launch.total_tokens, model=launch.model)
+    build_embed_pipeline(pipeline, config, transform=transform, inputs=launch.inputs)
     output = str(config.output)
     stale = remove_stale_temporaries(output)
     if stale:
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
-    plan = prepare_output(config, transform.model)  # the last check; overwrite deletes here
+    launch.output.apply()  # overwrite deletes here; the folder's record is written
     products = getattr(getattr(transform.model, "load_report", None), "products", "")
     if products:  # the bfloat16 mode: how its products run on this CPU
         say(f"compute dtype {config.compute_dtype}: {products}")
     runner = str(opts.get_all_options().get("runner") or "")
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if runner in ("", DEFAULT_LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner"):
+    if is_local_runner(runner or DEFAULT_LOCAL_RUNNER):
         announce = _announce_compile(config, say)
+    # A stop holds this process's stages first, then publishes what their commits cover.
+    held = on_stop(hold_stages) if is_local_runner(runner or DEFAULT_LOCAL_RUNNER) else None
     t0 = time.perf_counter()
     try:
         # as an SDK harness sizes it (FnApiRunner: 100 MB)
-        with announce, state_cache_for(opts):
+        with announce, state_cache_for(opts), held or contextlib.nullcontext():
             result = pipeline.run()
             with _cancelled_on_stop(opts, runner, result):
                 result.wait_until_finish()
     except Exception as ex:
+        missing = _prism_missing(runner, ex)
+        if missing is not None:
+            raise missing from ex
         raise JobFailed(str(ex)) from ex
     wall = time.perf_counter() - t0
     _remove_empty_temp_dirs(output)
@@ -393,4 +320,4 @@ def run_embed(
                 f"(a record may be there twice): {ex}"
             )
     counters, kernel_s = _query_metrics(result)
-    return JobSummary(wall, counters, kernel_s, plan.rows_written())
+    return JobSummary(wall, counters, kernel_s, launch.output.rows_written())

@@ -10,7 +10,12 @@ line (`add_embed_arguments`), deploy launchers' parsers and a Beam `PipelineOpti
 Every flag has two spellings, `--checkpoint-dir` and `--checkpoint_dir` (Flex Template parameters
 and Beam's own options use underscores), and both set the same value.  Boolean flags also take a
 value (`--resume=true`, `--streaming=false`), as template parameters carry one.  Every help text
-ends with the default, so `--help` shows it.
+ends with the default, so `--help` shows it.  A default the reader or the stage also has is taken
+from there (`InputConfig`, `StageConfig`), never written twice.
+
+No Beam is imported here: the command line reads and checks its flags before Beam is imported.
+The Beam `PipelineOptions` view of the same table, `LinstreamOptions`, is made (and Beam
+imported) when it is first asked for.
 
 (About 420 lines: most of it is the table of flags itself, one field per flag with its help text.)
 """
@@ -19,17 +24,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apache_beam.options.pipeline_options import PipelineOptions
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.reader_config import InputConfig, StreamConfig
 from linstream.pipeline.stage.config import DEFAULT_EMBED_EMIT, StageConfig
 
 from .flag_values import (
     DeadLetterLimit,
+    chunk_tokens_value,
     dead_letter_limit_text,
     non_negative_float,
     non_negative_int,
@@ -39,6 +45,9 @@ from .flag_values import (
     positive_int,
 )
 
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
 __all__ = [
     "BACKENDS",
     "EMBED_FLAGS",
@@ -47,7 +56,6 @@ __all__ = [
     "OUTPUT_MODES",
     "EmbedConfig",
     "Flag",
-    "LinstreamOptions",
     "add_embed_arguments",
 ]
 
@@ -62,40 +70,83 @@ OUTPUT_MODES = ("new", "append", "overwrite")
 
 
 @dataclass(frozen=True)
-class _Spec:
-    """What a field of `EmbedConfig` says about its flag (the name and default are the field's)."""
+class Flag:
+    """One option: `--name` (with dashes; the underscore spelling is added), its help, parser
+    and default.  A field of `EmbedConfig` declares one (`_flag`); its name and default are the
+    field's (`EMBED_FLAGS` fills them in)."""
 
+    name: str
     help: str
+    default: Any = None
     type: Callable[[str], Any] | None = None
     choices: Sequence[str] | None = None
     metavar: str | None = None
     boolean: bool = False
     required: bool = False
 
-    def check(self, name: str, value: Any, default: Any) -> Any:
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    def spellings(self) -> list[str]:
+        dashed = f"--{self.name}"
+        under = f"--{self.dest}"
+        return [dashed] if dashed == under else [dashed, under]
+
+    def check(self, value: Any) -> Any:
         """``value`` as the flag's parser makes it (text, or a value of the wrong kind, is parsed
         as its text); None is "not given" (the default).  UsageError naming the flag."""
         if value is None:
-            return default
+            return self.default
         try:
             if self.boolean:
                 value = parse_bool(value) if isinstance(value, str) else bool(value)
             elif self.type is not None:
                 value = self.type(str(value))
         except argparse.ArgumentTypeError as ex:
-            msg = f"--{name.replace('_', '-')}: {ex}"
+            msg = f"--{self.name}: {ex}"
             raise UsageError(msg) from ex
         if self.choices is not None and value not in self.choices:
-            msg = (
-                f"--{name.replace('_', '-')}: expected one of {', '.join(self.choices)}, "
-                f"got {value!r}"
-            )
+            msg = f"--{self.name}: expected one of {', '.join(self.choices)}, got {value!r}"
             raise UsageError(msg)
         return value
 
+    def kwargs(self, *, for_beam: bool) -> dict[str, Any]:
+        """argparse keywords; Beam's view keeps only JSON-able values (Dataflow sends all
+        options to the workers as a JSON struct).  A required flag is checked with the others
+        (`launch.check_flags`), not by argparse: an unknown option next to it is named first."""
+        shown = "off" if self.boolean and not self.default else self.default
+        shown = "none" if shown is None else shown
+        help_text = f"{self.help} (default: {shown})" if not self.required else self.help
+        kw: dict[str, Any] = {"dest": self.dest, "help": help_text.replace("%", "%%")}
+        if self.boolean:
+            kw.update(
+                nargs="?", const=True, default=bool(self.default), type=parse_bool, metavar="BOOL"
+            )
+            return kw
+        kw["default"] = self.default
+        if self.type is not None:
+            kw["type"] = self.type
+        if for_beam and isinstance(self.default, DeadLetterLimit):
+            kw["default"], kw["type"] = str(self.default), dead_letter_limit_text
+        if self.choices is not None:
+            kw["choices"] = list(self.choices)
+        if self.metavar is not None:
+            kw["metavar"] = self.metavar
+        return kw
+
 
 def _flag(help_text: str, default: Any = None, **spec: Any) -> Any:
-    return field(default=default, metadata={"flag": _Spec(help_text, **spec)})
+    """A field of `EmbedConfig` that is a flag (its name is filled in by `EMBED_FLAGS`)."""
+    return field(default=default, metadata={"flag": Flag("", help_text, default, **spec)})
+
+
+_NO_LIMIT = DeadLetterLimit()
+
+
+def _default(of: Any, name: str) -> Any:
+    """The default of field ``name`` of the dataclass ``of`` (one place for each default)."""
+    return next(f.default for f in dataclasses.fields(of) if f.name == name)
 
 
 @dataclass(frozen=True)
@@ -117,12 +168,19 @@ class EmbedConfig:
         "text (one sequence per file, id = path relative to the folder), jsonl / parquet-text "
         "(one sequence per row: --id-column, --text-column), tokens-jsonl (one sequence per "
         "line: --id-column, --tokens-column); auto picks from the files",
-        "auto",
+        _default(InputConfig, "input_format"),
         choices=INPUT_FORMATS,
     )
-    id_column: str = _flag("sequence id column of jsonl / parquet-text / tokens-jsonl rows", "id")
-    text_column: str = _flag("text column of jsonl / parquet-text rows", "text")
-    tokens_column: str = _flag("token-id list column of tokens-jsonl rows", "tokens")
+    id_column: str = _flag(
+        "sequence id column of jsonl / parquet-text / tokens-jsonl rows",
+        _default(InputConfig, "id_column"),
+    )
+    text_column: str = _flag(
+        "text column of jsonl / parquet-text rows", _default(InputConfig, "text_column")
+    )
+    tokens_column: str = _flag(
+        "token-id list column of tokens-jsonl rows", _default(InputConfig, "tokens_column")
+    )
     tokenizer: str | None = _flag(
         "tokenizer for text input: a tokenizer.json path (local or gs://...) or builtin:bytes "
         "(UTF-8 bytes, ids 0-255, no download); none: a checkpoint folder's tokenizer.json, "
@@ -131,9 +189,10 @@ class EmbedConfig:
     )
     chunk_tokens: int = _flag(
         "tokens per chunk when linstream chunks text or token lists (the last chunk of a "
-        "sequence may be shorter and is marked final)",
-        2048,
-        type=positive_int,
+        "sequence may be shorter and is marked final), at most the stage's largest chunk "
+        f"({_default(StageConfig, 'max_chunk_tokens'):,})",
+        _default(InputConfig, "chunk_tokens"),
+        type=chunk_tokens_value,
         metavar="N",
     )
     output: str | None = _flag(
@@ -153,7 +212,7 @@ class EmbedConfig:
         "builtin:default, a .safetensors model file, or a checkpoint folder in fla's format "
         "(config.json, safetensors, tokenizer.json: GLA, RetNet, DeltaNet, Gated DeltaNet, "
         "HGRN2); local or gs://...",
-        "builtin:default",
+        _default(InputConfig, "model"),
         metavar="SPEC",
     )
     layer: int | None = _flag(
@@ -169,7 +228,9 @@ class EmbedConfig:
         metavar="PATH",
     )
     resume: bool = _flag(
-        "continue every sequence from its last commit in --checkpoint-dir", False, boolean=True
+        "continue every sequence from its last commit in --checkpoint-dir",
+        _default(StageConfig, "resume"),
+        boolean=True,
     )
     emit: str = _flag(
         "what each output row holds: mean (one vector per chunk, the mean over its tokens), "
@@ -186,26 +247,26 @@ class EmbedConfig:
     )
     checkpoint_every: int = _flag(
         "commit each sequence's state every N applied chunks (and at its final chunk)",
-        16,
+        _default(StageConfig, "checkpoint_every"),
         type=positive_int,
         metavar="N",
     )
     restore_fallback: bool = _flag(
         "when a sequence's newest checkpoint is corrupt, continue from the previous one "
         "(logged); without it that sequence's chunks go to the dead letters (restore_failed)",
-        False,
+        _default(StageConfig, "restore_fallback"),
         boolean=True,
     )
     max_buffered_chunks: int | None = _flag(
         "dead-letter (beyond_buffer) chunks more than N ahead of the next one to apply; "
         "none: no bound in Beam state (set one for streaming jobs)",
-        None,
+        _default(StageConfig, "max_buffered_chunks"),
         type=optional_count,
         metavar="N|none",
     )
     idle_timeout: float = _flag(
         "event-time seconds after which an idle, committed sequence's Beam state is cleared",
-        300.0,
+        _default(StageConfig, "idle_timeout"),
         type=non_negative_float,
         metavar="S",
     )
@@ -231,17 +292,27 @@ class EmbedConfig:
         type=non_negative_float,
         metavar="S",
     )
-    max_dead_letters: DeadLetterLimit = field(
-        default=DeadLetterLimit(),
+    max_dead_letters: DeadLetterLimit = field(  # `_flag`, for a default that is an object
+        default=_NO_LIMIT,
         metadata={
-            "flag": _Spec(
+            "flag": Flag(
+                "",
                 "exit 3 when dead letters pass N (a count) or P% of all chunks; in every case a "
                 "restore_failed dead letter, or a job whose chunks all went to the dead letters, "
                 "exits 3",
+                _NO_LIMIT,
                 type=parse_dead_letter_limit,
                 metavar="N|P%",
             )
         },
+    )
+    threads: int | None = _flag(
+        "threads of the kernels (Numba) and of BLAS in each process of the job on this machine, "
+        "as llama.cpp's -t and PyTorch's set_num_threads; none: every core (workers of a remote "
+        "runner use their own machine's)",
+        None,
+        type=positive_int,
+        metavar="N",
     )
     streaming: bool = _flag(
         "read an unbounded source (--pubsub_subscription, --kafka_topic, ...)",
@@ -258,12 +329,8 @@ class EmbedConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            spec = f.metadata.get("flag")
-            if spec is not None:
-                object.__setattr__(
-                    self, f.name, spec.check(f.name, getattr(self, f.name), f.default)
-                )
+        for flag in EMBED_FLAGS:
+            object.__setattr__(self, flag.dest, flag.check(getattr(self, flag.dest)))
 
     # -- built once, from what the caller has --------------------------------------------------
     @classmethod
@@ -276,7 +343,7 @@ class EmbedConfig:
     def from_options(cls, options: PipelineOptions) -> EmbedConfig:
         """From Beam pipeline options (a Flex Template launcher's, `PipelineOptions(argv)`): the
         `LinstreamOptions` view, and the streaming source options given beside it."""
-        view = options.view_as(LinstreamOptions)
+        view = options.view_as(_linstream_options())
         return cls._of(view.get_all_options(retain_unknown_options=True))
 
     @classmethod
@@ -339,72 +406,12 @@ _FLAG_NAMES = frozenset(f.name for f in dataclasses.fields(EmbedConfig) if "flag
 _STREAM_NAMES = frozenset(f.name for f in dataclasses.fields(StreamConfig))
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One option: `--name` (with dashes; the underscore spelling is added), its value and help."""
-
-    name: str
-    help: str
-    default: Any = None
-    type: Callable[[str], Any] | None = None
-    choices: Sequence[str] | None = None
-    metavar: str | None = None
-    boolean: bool = False
-    required: bool = False
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-    def spellings(self) -> list[str]:
-        dashed = f"--{self.name}"
-        under = f"--{self.dest}"
-        return [dashed] if dashed == under else [dashed, under]
-
-    def kwargs(self, *, for_beam: bool) -> dict[str, Any]:
-        """argparse keywords; Beam's view keeps only JSON-able values (Dataflow sends all
-        options to the workers as a JSON struct)."""
-        shown = "off" if self.boolean and not self.default else self.default
-        shown = "none" if shown is None else shown
-        help_text = f"{self.help} (default: {shown})" if not self.required else self.help
-        kw: dict[str, Any] = {"dest": self.dest, "help": help_text.replace("%", "%%")}
-        if self.boolean:
-            kw.update(
-                nargs="?", const=True, default=bool(self.default), type=parse_bool, metavar="BOOL"
-            )
-            return kw
-        kw["default"] = self.default
-        if self.type is not None:
-            kw["type"] = self.type
-        if for_beam and isinstance(self.default, DeadLetterLimit):
-            kw["default"], kw["type"] = str(self.default), dead_letter_limit_text
-        if self.choices is not None:
-            kw["choices"] = list(self.choices)
-        if self.metavar is not None:
-            kw["metavar"] = self.metavar
-        if self.required and not for_beam:  # Beam parses every view's flags: never required there
-            kw["required"] = True
-        return kw
-
-
 def _flags() -> tuple[Flag, ...]:
-    out = []
-    for f in dataclasses.fields(EmbedConfig):
-        spec = f.metadata.get("flag")
-        if spec is not None:
-            out.append(
-                Flag(
-                    f.name.replace("_", "-"),
-                    spec.help,
-                    f.default,
-                    spec.type,
-                    spec.choices,
-                    spec.metavar,
-                    spec.boolean,
-                    spec.required,
-                )
-            )
-    return tuple(out)
+    return tuple(
+        dataclasses.replace(f.metadata["flag"], name=f.name.replace("_", "-"), default=f.default)
+        for f in dataclasses.fields(EmbedConfig)
+        if "flag" in f.metadata
+    )
 
 
 #: The flags of `linstream embed`, one per field of `EmbedConfig`, in its order.
@@ -421,13 +428,28 @@ def add_embed_arguments(parser: argparse.ArgumentParser, *, for_beam: bool = Fal
         parser.add_argument(*names, **flag.kwargs(for_beam=for_beam))
 
 
-class LinstreamOptions(PipelineOptions):
-    """linstream's embed options as a Beam `PipelineOptions` view.
+@functools.cache
+def _linstream_options() -> type[PipelineOptions]:
+    """`LinstreamOptions`, made on first use (it imports Beam)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
 
-    `PipelineOptions(argv).view_as(LinstreamOptions)` reads `--checkpoint_dir` and
-    `--checkpoint-dir` alike, so a Flex Template launcher needs no argv rewriting.
-    """
+    class LinstreamOptions(PipelineOptions):
+        """linstream's embed options as a Beam `PipelineOptions` view.
 
-    @classmethod
-    def _add_argparse_args(cls, parser: Any) -> None:
-        add_embed_arguments(parser, for_beam=True)
+        `PipelineOptions(argv).view_as(LinstreamOptions)` reads `--checkpoint_dir` and
+        `--checkpoint-dir` alike, so a Flex Template launcher needs no argv rewriting.
+        """
+
+        @classmethod
+        def _add_argparse_args(cls, parser: Any) -> None:
+            add_embed_arguments(parser, for_beam=True)
+
+    LinstreamOptions.__module__ = __name__
+    return LinstreamOptions
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LinstreamOptions":  # the Beam view: made (and Beam imported) on first use
+        return _linstream_options()
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)

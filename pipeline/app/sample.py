@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterator
 
@@ -9,7 +10,7 @@ import numpy as np
 from linstream.pipeline.elements import Chunk
 from linstream.pipeline.io import write_chunk_file
 
-__all__ = ["model_input", "sample_chunks", "sequence_chunks", "write_sample"]
+__all__ = ["model_input", "run_sample", "sample_chunks", "sequence_chunks", "write_sample"]
 
 
 def model_input(spec: str) -> tuple[int | None, int | None]:
@@ -113,3 +114,28 @@ def write_sample(
         write_chunk_file(path, chunks[f::files], input_dim)
         paths.append(path)
     return paths
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """`linstream sample` with its parsed flags: write the chunk files, say what they hold."""
+    vocab, dim = (args.vocab_size, args.input_dim)
+    if vocab is None and dim is None:
+        vocab, dim = model_input(args.model)
+    paths = write_sample(
+        args.output,
+        args.sequences,
+        args.tokens,
+        args.chunk_tokens,
+        args.seed,
+        shuffle=args.shuffle,
+        duplicates=args.duplicates,
+        vocab_size=vocab,
+        input_dim=dim,
+        files=args.files,
+    )
+    n_chunks = args.sequences * -(-args.tokens // args.chunk_tokens) + args.duplicates
+    print(
+        f"wrote {n_chunks} chunks ({args.sequences} sequences x {args.tokens} tokens, "
+        f"{args.chunk_tokens} tokens per chunk) to {', '.join(paths)}"
+    )
+    return 0

@@ -10,24 +10,28 @@ error: one line, exit status 2, naming the folder and the flag that would procee
   overwrite  ``results/``, ``dead_letters/`` and the folder's record are deleted first (nothing
              else in the folder); refused with `--resume`, whose skipped chunks would then have
              no results anywhere.
-  Whatever the mode, one results folder holds one schema and one model: the folder's record
-  (`linstream.pipeline.io.output_record`) says which, and rows of another `--emit`, width or
-  model are refused, not mixed in.
+  Whatever the mode, one results folder holds one schema, one model and one chunking: the
+  folder's record (`linstream.pipeline.io.output_record`) says which, and rows of another
+  `--emit`, width, model or `--chunk-tokens` are refused, not mixed in.
 --checkpoint-dir: a store that holds checkpoints needs `--resume` (a job without it would start
   every sequence again at chunk 0 over a history the store already has); with it, chunks the
   store holds are skipped and a changed chunk is a `conflicting_duplicate` dead letter.
 
-`OutputPlan.rows_written()` counts, after the run, the rows of the result files this job added.
+`check_output_folder` applies the rules that need no model and `OutputFolder.plan` the rest
+(reading only); `OutputPlan.apply()` deletes (overwrite) and writes the folder's record right
+before the run; `OutputPlan.rows_written()` counts, after the
+run, the rows of the result files this job added.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.output_record import (
     RECORD_NAME,
+    OutputContents,
     OutputRecord,
     clear_output,
     output_contents,
@@ -35,22 +39,22 @@ from linstream.pipeline.io.output_record import (
     result_rows,
     write_record,
 )
-from linstream.state import CheckpointStore
+from linstream.pipeline.stage.config import EMIT_MODES
 
-from .options import EMIT_CHOICES, EmbedConfig
+if TYPE_CHECKING:
+    from linstream.state import CheckpointStore
 
-__all__ = ["OutputPlan", "check_checkpoint_dir", "prepare_output"]
+    from .options import EmbedConfig
+
+__all__ = ["OutputFolder", "OutputPlan", "check_checkpoint_dir", "check_output_folder"]
 
 
-def check_checkpoint_dir(config: EmbedConfig) -> None:
-    """Refuse a checkpoint store that already holds sequences when `--resume` is not given."""
-    if not config.checkpoint_dir or config.resume:
+def check_checkpoint_dir(config: EmbedConfig, store: CheckpointStore) -> None:
+    """Refuse a checkpoint store (``config.checkpoint_dir``, opened by the caller) that already
+    holds sequences when `--resume` is not given."""
+    if config.resume:
         return
-    store = CheckpointStore(config.checkpoint_dir, background_prune=False)
-    try:
-        held = store.sequences() if store.exists() else []
-    finally:
-        store.close()
+    held = store.sequences() if store.exists() else []
     if held:
         ckpt = config.checkpoint_dir
         msg = (
@@ -63,10 +67,20 @@ def check_checkpoint_dir(config: EmbedConfig) -> None:
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """An output folder checked for this job: the result files it held before the run."""
+    """An output folder checked for this job (`check_output`): what `apply` does to it before
+    the run, and the result files it held."""
 
     output: str
+    record: OutputRecord
+    overwrite: bool
     before: frozenset[str]
+
+    def apply(self) -> None:
+        """Right before the run: `--output-mode overwrite` deletes the folder's own parts, and
+        the folder's record is written (the folder made)."""
+        if self.overwrite:
+            clear_output(self.output)
+        write_record(self.output, self.record)
 
     def rows_written(self) -> int:
         """Rows of the result files that appeared under ``results/`` since the check."""
@@ -75,9 +89,39 @@ class OutputPlan:
         return result_rows(contents, new)
 
 
-def prepare_output(config: EmbedConfig, model: Any) -> OutputPlan:
-    """Apply the `--output-mode` rules to ``config.output`` for rows of ``model``; write the
-    folder's record.  UsageError (nothing deleted) when the folder cannot take this job's rows."""
+@dataclass(frozen=True)
+class OutputFolder:
+    """What ``--output`` held when it was checked (`check_output_folder`)."""
+
+    config: EmbedConfig
+    contents: OutputContents | None  # None: --output-mode overwrite (not looked into)
+    held: OutputRecord | None
+
+    def plan(self, model: Any, *, chunk_tokens: int | None) -> OutputPlan:
+        """The folder's plan for rows of ``model``, cut into chunks of ``chunk_tokens`` tokens
+        (None: the input came as chunks): UsageError when the folder holds rows of another
+        schema, model or chunking."""
+        config = self.config
+        width = int(model.config.d_model)
+        mine = OutputRecord.for_job(
+            config.emit, width, config.model, str(model.fingerprint), chunk_tokens
+        )
+        out = str(config.output)
+        if self.contents is None:
+            return OutputPlan(out, mine, True, frozenset())
+        held = self.held
+        if held is None and self.contents.result_files:  # a folder from before records
+            schema = self.contents.results_schema()
+            held = None if schema is None else OutputRecord.of_schema(schema)
+        if held is not None and not self.contents.empty:
+            _check_fits(out, held, mine)
+        return OutputPlan(out, mine, False, frozenset(self.contents.result_files))
+
+
+def check_output_folder(config: EmbedConfig) -> OutputFolder:
+    """The `--output-mode` rules that need no model (UsageError): overwrite with `--resume`; a
+    malformed record; a folder that holds results when the mode is `new` and the job does not
+    resume.  Reads only; `OutputFolder.plan` checks the rows' fit once the model is loaded."""
     out = str(config.output)
     mode = config.output_mode
     if mode == "overwrite" and config.resume:
@@ -87,40 +131,29 @@ def prepare_output(config: EmbedConfig, model: Any) -> OutputPlan:
             "--output, or drop --resume to start over in an empty --checkpoint-dir"
         )
         raise UsageError(msg)
-    width = int(model.config.d_model)
-    mine = OutputRecord.for_job(config.emit, width, config.model, str(model.fingerprint))
+    if mode == "overwrite":
+        return OutputFolder(config, None, None)
     try:
         contents = output_contents(out)
         held = read_record(out)
     except ValueError as ex:  # a malformed record
         msg = f"--output {out}: {ex}; use another --output, or --output-mode overwrite"
         raise UsageError(msg) from ex
-    if mode == "overwrite":
-        clear_output(out)
-        before: frozenset[str] = frozenset()
-    else:
-        if not contents.empty and mode == "new" and not config.resume:
-            resume = " or --resume to continue the job" if config.checkpoint_dir else ""
-            msg = (
-                f"--output {out} already holds the results of an earlier job "
-                f"({contents.describe()}); use another --output, --output-mode append to add "
-                f"this job's rows to them, --output-mode overwrite to replace them{resume}"
-            )
-            raise UsageError(msg)
-        if held is None and contents.result_files:  # a folder from before records
-            schema = contents.results_schema()
-            held = None if schema is None else OutputRecord.of_schema(schema)
-        if held is not None and not contents.empty:
-            _check_fits(out, held, mine)
-        before = frozenset(contents.result_files)
-    write_record(out, mine)
-    return OutputPlan(out, before)
+    if not contents.empty and mode == "new" and not config.resume:
+        resume = " or --resume to continue the job" if config.checkpoint_dir else ""
+        msg = (
+            f"--output {out} already holds the results of an earlier job "
+            f"({contents.describe()}); use another --output, --output-mode append to add "
+            f"this job's rows to them, --output-mode overwrite to replace them{resume}"
+        )
+        raise UsageError(msg)
+    return OutputFolder(config, contents, held)
 
 
 def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
     """Refuse rows of another schema, emit or model than those ``out`` holds."""
     fix = "use another --output, or --output-mode overwrite to replace them"
-    if held.columns != mine.columns or (held.emit in EMIT_CHOICES and held.emit != mine.emit):
+    if held.columns != mine.columns or (held.emit in EMIT_MODES and held.emit != mine.emit):
         msg = (
             f"--output {out} holds results written with {held.describe()}; this job writes "
             f"{mine.describe()}: one results folder holds one schema ({RECORD_NAME}); {fix}"
@@ -131,5 +164,16 @@ def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
             f"--output {out} holds embeddings of model {held.model} (fingerprint "
             f"{held.fingerprint[:12]}), this job's model is {mine.model} (fingerprint "
             f"{mine.fingerprint[:12]}): embeddings of two models do not mix in one folder; {fix}"
+        )
+        raise UsageError(msg)
+    if (
+        None not in (held.chunk_tokens, mine.chunk_tokens)
+        and held.chunk_tokens != mine.chunk_tokens
+    ):
+        msg = (
+            f"--output {out} holds chunks of {held.chunk_tokens:,} tokens (--chunk-tokens "
+            f"{held.chunk_tokens}); this job cuts chunks of {mine.chunk_tokens:,}: one chunk index "
+            f"would name two spans of a sequence ({RECORD_NAME}); use --chunk-tokens "
+            f"{held.chunk_tokens}, another --output, or --output-mode overwrite to replace them"
         )
         raise UsageError(msg)

@@ -4,9 +4,11 @@
 blocked, as have every thread and worker process the runner starts from it (a blocked signal
 mask is inherited across fork and exec), so only the calling thread sees the signal: no worker
 prints a KeyboardInterrupt traceback.  On a signal it runs what `on_stop` registered (cancelling
-a remote job whose workers live here), kills the job's worker processes (SIGKILL: the checkpoint
-commit protocol holds at any kill) and raises `Stopped`; the caller says what was
-finalized and how to resume, then leaves with `os._exit` (the runner's threads are not joined).
+a remote job whose workers live here; holding the stages of this process before their next
+commit: `publish_committed`), kills the job's worker processes (SIGKILL: the checkpoint commit
+protocol holds at any kill) and raises `Stopped`; the caller publishes what the commits cover
+(`publish_committed`), says how many result rows are readable and how to resume, then leaves
+with `os._exit` (the runner's threads are not joined).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any, TypeVar
 
 __all__ = [
     "Stopped",
+    "hold_stages",
     "kill_descendants",
     "on_stop",
+    "publish_committed",
+    "readable_rows",
     "remove_stale_temporaries",
-    "result_files",
     "run_stoppable",
 ]
 
@@ -234,11 +238,28 @@ def remove_stale_temporaries(output: str | None, older_than_s: float = 0.0) -> l
     return removed
 
 
-def result_files(output: str) -> int:
-    """Finalized result files under a local `<output>/results` (temporaries not counted)."""
-    root = os.path.join(output, "results")
-    n = 0
-    for _dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(_TEMP_PREFIXES)]
-        n += sum(1 for f in filenames if not f.startswith("."))
-    return n
+def readable_rows(output: str) -> int:
+    """Rows a reader gets from ``<output>/results`` (the result files' Parquet footers; hidden
+    and temporary files left out), local or a URL."""
+    from linstream.pipeline.io.output_record import output_contents, result_rows
+
+    contents = output_contents(output)
+    return result_rows(contents, contents.result_files)
+
+
+def hold_stages() -> None:
+    """A stop's first step (an `on_stop` callback): the stateful stages of this process start
+    no commit, restore or publish any more, and those in flight end (bounded)."""
+    from linstream.pipeline.stage.stop_publish import close_gate
+
+    close_gate(ON_STOP_TIMEOUT_S - 1.0)
+
+
+def publish_committed(output: str, checkpoint_dir: str) -> None:
+    """After a stop: publish what the job's commits cover (the open output groups of this
+    process's stages, then, from the store, the newest commit of every sequence whose pending
+    files a killed worker process left), so that its results are readable now."""
+    from linstream.pipeline.stage.stop_publish import publish_live, roll_forward
+
+    publish_live()
+    roll_forward(output, checkpoint_dir)

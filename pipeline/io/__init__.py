@@ -2,6 +2,8 @@
 
     text_input       `read_input`: text, JSON Lines, Parquet text rows, token lists, chunk files
                      -> chunks; `ToChunks` cuts (id, text or tokens) into chunks
+    input_plan       what --input names (files, format, tokenizer), checked before Beam is
+                     imported; compressed files and their sequence ids
     reader_config    InputConfig and StreamConfig: what the readers are told, as frozen values
     tokenizers       the built-in byte tokenizer and Hugging Face tokenizer.json files
     chunk_files      the chunk Parquet format and its reader
@@ -9,7 +11,8 @@
     streaming        unbounded sources for --streaming (Pub/Sub, Kafka): picks and wires them
     stream_messages  stream message formats (JSON, Arrow IPC) -> chunks or dead letters
     kafka_source     Beam's cross-language Kafka read, and the Java-side options it needs
-    output_files     results as Parquet and dead letters as JSON Lines, and reading them back
+    output_files     the results' schema, reading results and dead letters back, settling them
+    output_writers   the Beam writers of results (Parquet) and dead letters (JSON Lines)
     output_record    the output folder's record of its results' schema and model
     read_progress    the readers' progress lines (`linstream -v`)
     text_sniff       what a text file is (UTF-8, no NUL byte in its first 8 KiB)
@@ -53,13 +56,12 @@ if TYPE_CHECKING:
         DEAD_LETTERS_PREFIX,
         RESULTS_DIR,
         RESULTS_PREFIX,
-        WriteDeadLetters,
-        WriteResults,
         read_dead_letters,
         read_results,
         result_schema,
         results_to_table,
     )
+    from .output_writers import WriteDeadLetters, WriteResults
     from .reader_config import InputConfig, StreamConfig
 
 _WHERE = {
@@ -81,8 +83,6 @@ _WHERE = {
             "DEAD_LETTERS_PREFIX",
             "RESULTS_DIR",
             "RESULTS_PREFIX",
-            "WriteDeadLetters",
-            "WriteResults",
             "read_dead_letters",
             "read_results",
             "result_schema",
@@ -90,6 +90,7 @@ _WHERE = {
         ],
         ".output_files",
     ),
+    **dict.fromkeys(["WriteDeadLetters", "WriteResults"], ".output_writers"),
     **dict.fromkeys(["InputConfig", "StreamConfig"], ".reader_config"),
 }
 

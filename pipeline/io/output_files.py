@@ -1,5 +1,7 @@
-"""Output files: results as sharded Parquet under ``<output>/results/``, dead letters as JSON
-Lines under ``<output>/dead_letters/``, their Beam writers, and reading them back.
+"""Output files: results as Parquet under ``<output>/results/``, dead letters as JSON Lines under
+``<output>/dead_letters/``: their schema, reading them back, settling the dead letters.  No
+Beam here (its writers are in output_writers.py), so that a launch reads an output folder
+before Beam is imported.
 
 Result rows: ``seq_id``, ``chunk_index``, ``start_position`` int64, and ``embeddings``
 list<fixed_size_list<float32, d>> (emit="tokens") or ``embedding`` fixed_size_list<float32, d>
@@ -16,24 +18,20 @@ import hashlib
 import json
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io import fileio
-from apache_beam.options.value_provider import StaticValueProvider
-from apache_beam.transforms.window import GlobalWindow
-from linstream.pipeline.elements import ChunkResult, DeadLetter
+
+if TYPE_CHECKING:
+    from linstream.pipeline.elements import ChunkResult
 
 __all__ = [
     "DEAD_LETTERS_DIR",
     "DEAD_LETTERS_PREFIX",
     "RESULTS_DIR",
     "RESULTS_PREFIX",
-    "WriteDeadLetters",
-    "WriteResults",
     "read_dead_letters",
     "read_results",
     "result_schema",
@@ -86,165 +84,6 @@ def results_to_table(results: list[ChunkResult], width: int, emit: str) -> pa.Ta
     """One record batch per result, each viewing the result's array (no concatenation)."""
     schema = result_schema(width, emit)
     return pa.Table.from_batches([_result_batch(r, schema, width, emit) for r in results], schema)
-
-
-def _window_file_naming(prefix: str, suffix: str, job_token: str) -> Any:
-    """fileio naming unique per job, window, pane and shard.
-
-    ``<prefix>-<job>-<shard>-of-<n><suffix>`` in the global window (batch), and
-    ``<prefix>-<job>-<start>-<end>-p<pane>-<shard>-of-<n><suffix>`` per window (streaming).
-    Beam's default naming leaves out the pane (a window that fires twice would overwrite its
-    first files) and the job (a second job on one output would overwrite the first's).
-    """
-
-    def name(
-        window: Any,
-        pane: Any,
-        shard_index: int | None,
-        total_shards: int | None,
-        compression: str | None,
-        destination: Any,
-    ) -> str:
-        parts = [prefix, job_token]
-        if not isinstance(window, GlobalWindow):
-            for ts in (window.start, window.end):
-                parts.append(ts.to_utc_datetime().strftime("%Y%m%dT%H%M%S.%fZ"))
-            parts.append(f"p{pane.index if pane is not None else 0}")
-        if shard_index is not None and total_shards is not None:
-            parts.append(f"{int(shard_index):05d}-of-{int(total_shards):05d}")
-        ext = f".{compression}" if compression else ""
-        return "-".join(parts) + suffix + ext
-
-    return name
-
-
-def _job_token() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-class _ParquetTableSink(fileio.FileSink):
-    """Writes Arrow tables to one Parquet file, each table one row group; no dictionary
-    encoding (dense float vectors gain nothing from it and it costs 4x the write time)."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.schema = schema
-        self._writer: pq.ParquetWriter | None = None
-
-    def open(self, fh: Any) -> None:
-        self._writer = pq.ParquetWriter(fh, self.schema, use_dictionary=False)
-
-    def write(self, record: pa.Table) -> None:
-        assert self._writer is not None
-        self._writer.write_table(record, row_group_size=max(1, record.num_rows))
-
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-class _SinkFactory:
-    def __init__(self, schema: pa.Schema) -> None:
-        self.schema = schema
-
-    def __call__(self, _destination: Any = None) -> _ParquetTableSink:
-        return _ParquetTableSink(self.schema)
-
-
-def _output_bytes(result: ChunkResult) -> int:
-    return max(1, int(np.asarray(result.output).nbytes))
-
-
-class WriteResults(beam.PTransform):
-    """Write `ChunkResult`s as Parquet files under ``<output>/results/``.
-
-    Results are batched per window (`beam.BatchElements`, by output bytes) so that each row
-    group holds about ``row_group_bytes`` of embeddings, then written with Beam's fileio
-    (temporary files under ``<output>/.temp-results-<job>``, then a move), in batch and, with
-    windowed input, in streaming: file names are unique per job, window, pane and shard.
-    num_shards: files per window (0: one per writer).
-    """
-
-    def __init__(
-        self,
-        output: str,
-        width: int,
-        emit: str = "tokens",
-        num_shards: int = 0,
-        *,
-        row_group_bytes: int = 8 << 20,
-    ) -> None:
-        super().__init__()
-        self.output, self.width, self.emit, self.num_shards = output, width, emit, num_shards
-        self.row_group_bytes = int(row_group_bytes)
-        self.job_token = _job_token()
-
-    def expand(self, results: Any) -> Any:
-        folder = _join(self.output, RESULTS_DIR)
-        return (
-            results
-            | "Batch"
-            >> beam.BatchElements(
-                min_batch_size=self.row_group_bytes,
-                max_batch_size=self.row_group_bytes,
-                element_size_fn=_output_bytes,
-                record_metrics=False,
-            )
-            | "ToArrow" >> beam.Map(results_to_table, self.width, self.emit)
-            | "WriteParquet"
-            >> fileio.WriteToFiles(
-                path=folder,
-                file_naming=_window_file_naming(RESULTS_PREFIX, ".parquet", self.job_token),
-                sink=_SinkFactory(result_schema(self.width, self.emit)),
-                shards=self.num_shards or None,
-                temp_directory=StaticValueProvider(
-                    str, _join(self.output, f".temp-results-{self.job_token}")
-                ),
-            )
-        )
-
-
-def _dead_letter_json(d: DeadLetter) -> str:
-    return json.dumps(d.as_dict(), sort_keys=True)
-
-
-def _text_sink(_destination: Any = None) -> fileio.TextSink:
-    return fileio.TextSink()
-
-
-class WriteDeadLetters(beam.PTransform):
-    """Write `DeadLetter`s as JSON Lines files under ``<output>/dead_letters/`` (one object a
-    line: seq_id, chunk_index, reason, message), named per job, window, pane and shard.
-
-    topic: also publish each dead letter to this Pub/Sub topic (`PublishDeadLetters`;
-    ``publisher_factory`` replaces the Pub/Sub client, e.g. in tests).
-    """
-
-    def __init__(
-        self, output: str, *, topic: str | None = None, publisher_factory: Any = None
-    ) -> None:
-        super().__init__()
-        self.output, self.topic, self.publisher_factory = output, topic, publisher_factory
-        self.job_token = _job_token()
-
-    def expand(self, dead: Any) -> Any:
-        if self.topic:
-            from .publish import PublishDeadLetters
-
-            _ = dead | "Publish" >> PublishDeadLetters(self.topic, self.publisher_factory)
-        return (
-            dead
-            | "ToJson" >> beam.Map(_dead_letter_json)
-            | "WriteJsonLines"
-            >> fileio.WriteToFiles(
-                path=_join(self.output, DEAD_LETTERS_DIR),
-                file_naming=_window_file_naming(DEAD_LETTERS_PREFIX, ".jsonl", self.job_token),
-                sink=_text_sink,
-                temp_directory=StaticValueProvider(
-                    str, _join(self.output, f".temp-dead-letters-{self.job_token}")
-                ),
-            )
-        )
 
 
 def _join(base: str, name: str) -> str:
@@ -332,15 +171,18 @@ def read_dead_letters(output: str) -> list[dict[str, Any]]:
 
 def _dead_letter_key(d: dict[str, Any]) -> tuple[str, ...]:
     """What makes a dead letter the same one met again: its sequence, chunk and reason; for one
-    that names no sequence (an unreadable file, a row without a usable id), its message too
-    (which names the file and row)."""
+    that names no sequence (an unreadable file, a row without a usable id) or no chunk (a chunk
+    index that is no whole number: 1.5, NaN), its message too, which names the file and row or
+    the index that came (three bad indexes of one sequence are three dead letters)."""
     key = (str(d.get("seq_id")), str(d.get("chunk_index")), str(d.get("reason")))
-    return key if d.get("seq_id") else (*key, str(d.get("message")))
+    if d.get("seq_id") and d.get("chunk_index") is not None:
+        return key
+    return (*key, str(d.get("message")))
 
 
 def settle_dead_letters(output: str) -> int:
     """Leave one record per (sequence, chunk, reason) in ``<output>/dead_letters/`` (per
-    message too for records that name no sequence, see `_dead_letter_key`): jobs
+    message too for records that name no sequence or no chunk, see `_dead_letter_key`): jobs
     resumed into one output folder each write the dead letters of the chunks they met, so a
     chunk met again (a bad row read by every resume) would be recorded once per job.  When the
     folder holds a record twice, its records are written once each (the first of each key, in

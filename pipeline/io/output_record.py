@@ -1,10 +1,12 @@
 """The output folder's own record: what the results under ``<output>/results/`` are.
 
 A job writes ``<output>/_linstream_output.json`` before it writes any result (one JSON object:
-format, emit, width, the results' columns and their Arrow types, the model and its fingerprint),
-so that a later job on the same folder can tell whether its rows would fit: one results folder
-holds one schema and one model's embeddings, never a mix that `pd.read_parquet` would return
-without a word.  The name starts with "_", so `pyarrow.dataset`, pandas and Spark skip it.
+format, emit, width, the results' columns and their Arrow types, the model and its fingerprint,
+and the tokens per chunk when linstream cut the input into chunks), so that a later job on the
+same folder can tell whether its rows would fit: one results folder holds one schema, one
+model's embeddings and one chunking, never a mix that `pd.read_parquet` would return without a
+word (two chunkings would give one chunk index two different spans).  The name starts with "_",
+so `pyarrow.dataset`, pandas and Spark skip it.
 
 Also here: what an output folder holds (its result and dead-letter files), how many rows result
 files hold (from their Parquet footers), and clearing the folder's own parts for
@@ -56,10 +58,16 @@ class OutputRecord:
     columns: tuple[tuple[str, str], ...]  # (name, Arrow type) of every result column
     model: str = ""  # the model as the job named it
     fingerprint: str = ""  # the model's fingerprint ("" when not known: an older folder)
+    #: tokens per chunk when linstream cut the input (None: the input came as chunks, or an
+    #: older folder's record, which did not say)
+    chunk_tokens: int | None = None
 
     @classmethod
-    def for_job(cls, emit: str, width: int, model: str, fingerprint: str) -> OutputRecord:
-        return cls(emit, int(width), _columns(result_schema(int(width), emit)), model, fingerprint)
+    def for_job(
+        cls, emit: str, width: int, model: str, fingerprint: str, chunk_tokens: int | None = None
+    ) -> OutputRecord:
+        columns = _columns(result_schema(int(width), emit))
+        return cls(emit, int(width), columns, model, fingerprint, chunk_tokens)
 
     @classmethod
     def of_schema(cls, schema: pa.Schema) -> OutputRecord:
@@ -82,6 +90,7 @@ class OutputRecord:
             "columns": [list(c) for c in self.columns],
             "model": self.model,
             "model_fingerprint": self.fingerprint,
+            "chunk_tokens": self.chunk_tokens,
         }
 
     @classmethod
@@ -91,12 +100,14 @@ class OutputRecord:
             msg = f"{where}: written by a newer linstream (record format {version})"
             raise ValueError(msg)
         try:
+            chunk = obj.get("chunk_tokens")
             return cls(
                 str(obj["emit"]),
                 int(obj["width"]),
                 tuple((str(n), str(t)) for n, t in obj["columns"]),
                 str(obj.get("model", "")),
                 str(obj.get("model_fingerprint", "")),
+                None if chunk is None else int(chunk),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as ex:
             msg = f"{where}: not a linstream output record ({type(ex).__name__}: {ex})"

@@ -8,10 +8,12 @@ streaming source flags (`add_streaming_args` adds one per field, help and metava
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["InputConfig", "StreamConfig"]
+__all__ = ["InputConfig", "StreamConfig", "add_streaming_args"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +74,23 @@ class StreamConfig:
         "a running Kafka expansion service (default: Beam starts its Java jar)",
         metavar="HOST:PORT",
     )
+
+
+def add_streaming_args(parser: argparse.ArgumentParser) -> None:
+    """Add `--streaming` (unless the parser has it) and the Pub/Sub and Kafka source options:
+    one per field of `StreamConfig`, named as the field.
+
+    Idempotent: a parser that already has the source options is left as it is.
+    """
+    if "--pubsub_subscription" in parser._option_string_actions:
+        return
+    if "--streaming" not in parser._option_string_actions:
+        parser.add_argument(
+            "--streaming", action="store_true", help="read chunks from Pub/Sub or Kafka"
+        )
+    g = parser.add_argument_group("streaming sources (with --streaming)")
+    for f in dataclasses.fields(StreamConfig):
+        kw: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+        if f.metadata["metavar"]:
+            kw["metavar"] = f.metadata["metavar"]
+        g.add_argument(f"--{f.name}", **kw)

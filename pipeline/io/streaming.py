@@ -24,8 +24,6 @@ runs in event time, so these decide when an idle sequence is committed and evict
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import logging
 from typing import Any
@@ -34,7 +32,7 @@ import apache_beam as beam
 from linstream.pipeline.elements import DeadLetter
 
 from .kafka_source import JavaRunnerOptions, kafka_read_transform
-from .reader_config import StreamConfig
+from .reader_config import StreamConfig, add_streaming_args
 from .stream_messages import (
     ARROW_FILE_CONTENT_TYPE,
     ARROW_STREAM_CONTENT_TYPE,
@@ -68,26 +66,6 @@ class StreamSourceError(ValueError):
 
 
 # -- options ---------------------------------------------------------------------------------
-
-
-def add_streaming_args(parser: argparse.ArgumentParser) -> None:
-    """Add `--streaming` (unless the parser has it) and the Pub/Sub and Kafka source options:
-    one per field of `StreamConfig`, named as the field.
-
-    Idempotent: a parser that already has the source options is left as it is.
-    """
-    if "--pubsub_subscription" in parser._option_string_actions:
-        return
-    if "--streaming" not in parser._option_string_actions:
-        parser.add_argument(
-            "--streaming", action="store_true", help="read chunks from Pub/Sub or Kafka"
-        )
-    g = parser.add_argument_group("streaming sources (with --streaming)")
-    for f in dataclasses.fields(StreamConfig):
-        kw: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
-        if f.metadata["metavar"]:
-            kw["metavar"] = f.metadata["metavar"]
-        g.add_argument(f"--{f.name}", **kw)
 
 
 def source_kind(config: StreamConfig) -> str:

@@ -12,6 +12,11 @@ not UTF-8: an executable, an image) is a `not_text` dead letter, not a sequence 
 `ToChunks` is the same cutting as a PTransform for pipelines of your own: `(seq_id, text)` or
 `(seq_id, token ids)` elements, bounded or unbounded, each one whole sequence.
 
+What `--input` names (the files, their format, the tokenizer) is looked at once, where the job
+is launched and before Beam is imported, by `plan_input` (input_plan.py); `read_input` takes
+that plan, or makes it.  A compressed file (`.gz`, ...) is read decompressed, its sequence id
+without the suffix.
+
 Over 400 lines because one plan (`input_plan`: the files, their format, the tokenizer) serves
 the reader and the counts made before the run (`input_token_total`, `input_sequence_ids`), and
 those share its private helpers (sequence ids from paths, special files); the format sniffing
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,28 +34,34 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from linstream.pipeline.elements import Chunk, DeadLetter
-from linstream.pipeline.errors import UsageError
 
+from .input_plan import (
+    InputPlan,
+    detect_format,
+    expand_input,
+    folder_files,
+    plan_input,
+    sequence_id,
+)
 from .read_progress import ReadProgress
 from .reader_config import InputConfig
 from .special_files import not_a_regular_file, special_file_message
 from .text_chunks import cut, sequence_chunks
 from .text_sniff import NOT_TEXT, SNIFF_BYTES, not_text_reason
-from .tokenizers import TextTokenizer, TokenizerError, resolve_tokenizer
+from .tokenizers import TextTokenizer, resolve_tokenizer
 
 __all__ = [
     "DEAD_LETTERS",
     "NOT_TEXT",
     "InputConfig",
+    "InputPlan",
     "ToChunks",
     "cut",
     "detect_format",
     "expand_input",
     "folder_files",
-    "input_plan",
-    "input_sequence_ids",
-    "input_token_total",
     "not_text_reason",
+    "plan_input",
     "read_input",
     "read_text_file",
     "sequence_id",
@@ -59,8 +69,6 @@ __all__ = [
 
 DEAD_LETTERS = "dead_letters"
 NAMESPACE = "linstream"
-_GLOB = set("*?[")
-_TEXT_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 def _counter_dead(reason: str) -> None:
@@ -325,190 +333,17 @@ def _size_or_zero(path: str) -> int:
         return 0
 
 
-def sequence_id(root: str, path: str) -> str:
-    """The sequence id of a file the input names: its path relative to ``root`` (the folder,
-    or the folder of the file or glob, that `--input` names), with "/" separators."""
-    if "://" in path or "://" in root:
-        rel = posixpath.relpath(path, root) if path.startswith(root) else path
-        return rel.replace(os.sep, "/")
-    return os.path.relpath(path, root).replace(os.sep, "/")
-
-
-# -- what --input names, where the pipeline is built -------------------------------------------
-def _root_of(pattern: str) -> str:
-    """The folder part of a pattern before its first glob character."""
-    head = pattern
-    for i, ch in enumerate(pattern):
-        if ch in _GLOB:
-            head = pattern[:i]
-            break
-    return head if head.endswith(("/", os.sep)) else (posixpath.dirname(head) or ".")
-
-
-def folder_files(folder: str) -> list[str]:
-    """Every file below a local folder, hidden names (and what is below them) skipped, sorted."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found += [os.path.join(dirpath, f) for f in filenames if not f.startswith(".")]
-    return sorted(found)
-
-
-def expand_input(spec: str) -> list[tuple[str, str]]:
-    """(root, path) of every file `--input` names: folders (all files below them, hidden ones
-    skipped), files, globs, comma-separated.  Raises UsageError when something matches nothing."""
-    out: list[tuple[str, str]] = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        if "://" not in item and os.path.isdir(item):
-            found = folder_files(item)
-            if not found:
-                msg = f"--input {item}: the folder has no files"
-                raise UsageError(msg)
-            out += [(item, p) for p in found]
-            continue
-        if "://" not in item and not (_GLOB & set(item)) and not os.path.exists(item):
-            msg = f"--input {item}: no such file or folder"
-            raise UsageError(msg)
-        pattern = item + "**" if item.endswith("/") else item
-        if not (_GLOB & set(pattern)):
-            if not FileSystems.exists(pattern):
-                msg = f"--input {item}: no such file or folder"
-                raise UsageError(msg)
-            out.append((_root_of(pattern), pattern))
-            continue
-        try:
-            metas = FileSystems.match([pattern])[0].metadata_list
-        except Exception as ex:  # BeamIOError for an unknown scheme or an unreachable bucket
-            msg = f"--input {item}: cannot list it ({ex})"
-            raise UsageError(msg) from ex
-        if not metas:
-            msg = f"--input {item}: no file matches"
-            raise UsageError(msg)
-        root = _root_of(pattern)
-        out += [(root, m.path) for m in sorted(metas, key=lambda m: m.path)]
-    if not out:
-        msg = "--input is empty"
-        raise UsageError(msg)
-    return out
-
-
-def detect_format(paths: list[str], id_column: str, text_column: str, tokens_column: str) -> str:
-    """`--input-format auto`: Parquet files by their columns, JSON Lines by their first row,
-    anything else as text files.  Only regular files are looked into (a FIFO would block):
-    with none, the input is text (and each file a dead letter)."""
-    first = next((p for p in paths if not_a_regular_file(p) is None), None)
-    if first is None:
-        return "text"
-    low = first.lower()
-    if low.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            with FileSystems.open(first) as fh:
-                names = pq.read_schema(fh).names
-        except Exception as ex:  # not Parquet, truncated, unreadable
-            msg = f"--input {first}: not a readable Parquet file ({ex})"
-            raise UsageError(msg) from ex
-        if "chunk_index" in names:
-            return "chunks"
-        if text_column in names:
-            return "parquet-text"
-        msg = (
-            f"--input {first}: a Parquet file with columns {names}; expected chunk rows "
-            f"(seq_id, chunk_index, final, tokens) or a {text_column!r} column "
-            "(set --text-column / --input-format)"
-        )
-        raise UsageError(msg)
-    if low.endswith(_TEXT_SUFFIXES):
-        row = _first_json_row(first)
-        if isinstance(row, dict) and text_column in row:
-            return "jsonl"
-        if isinstance(row, dict) and tokens_column in row:
-            return "tokens-jsonl"
-        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-        msg = (
-            f"--input {first}: JSON Lines rows with keys {keys}; expected {id_column!r} and "
-            f"{text_column!r} (or {tokens_column!r}); set --text-column / --input-format"
-        )
-        raise UsageError(msg)
-    return "text"
-
-
-def _first_json_row(path: str) -> Any:
-    try:
-        with FileSystems.open(path) as fh:
-            for raw in iter(fh.readline, b""):
-                if raw.strip():
-                    return json.loads(raw)
-    except Exception as ex:  # unreadable or not JSON
-        msg = f"--input {path}: not readable as JSON Lines ({ex})"
-        raise UsageError(msg) from ex
-    return None
-
-
-def _model_vocab(model: str) -> tuple[int | None, str]:
-    """(vocab_size or None for a features model, input kind) of a model spec."""
-    from linstream.ops.model.runtime import is_model_folder
-
-    cfg: Any
-    if model.startswith("builtin:"):
-        from linstream.ops import load_model
-
-        cfg = load_model(model).config
-    elif is_model_folder(model):
-        from linstream.ops.model.fla.folder import read_folder_config
-
-        cfg = read_folder_config(model)  # config.json only: no weights read here
-    else:
-        from linstream.ops.model.weights import read_model_header
-
-        with FileSystems.open(model) as fh:
-            head = bytes(fh.read(8))
-            n = int.from_bytes(head, "little") if len(head) == 8 else 0
-            cfg, _ = read_model_header(head + bytes(fh.read(min(n, 100_000_000))), name=model)
-    return (cfg.vocab_size if cfg.input_kind == "tokens" else None), cfg.input_kind
-
-
-def input_plan(config: InputConfig) -> tuple[str, list[tuple[str, str]], TextTokenizer | None]:
-    """(format, files, tokenizer) of ``config.input``, checked against the model."""
-    spec = config.input
-    if not spec:
-        msg = "--input is required (a folder of text files, a file or a glob), or --streaming"
-        raise UsageError(msg)
-    files = expand_input(str(spec))
-    fmt = config.input_format or "auto"
-    if fmt == "auto":
-        fmt = detect_format(
-            [p for _, p in files], config.id_column, config.text_column, config.tokens_column
-        )
-    if fmt == "chunks":
-        return fmt, files, None
-    model = str(config.model)
-    vocab, kind = _model_vocab(model)
-    if vocab is None:
-        msg = f"--input-format {fmt} gives token ids, but model {model} reads {kind} vectors"
-        raise UsageError(msg)
-    tokenizer = None
-    if fmt != "tokens-jsonl":
-        try:
-            tokenizer = resolve_tokenizer(config.tokenizer, model)
-            tokenizer.check_fits(vocab, model)
-        except TokenizerError as ex:
-            raise UsageError(str(ex)) from ex
-    return fmt, files, tokenizer
-
-
-def read_input(pipeline: Any, config: InputConfig) -> tuple[Any, Any]:
+def read_input(pipeline: Any, inputs: InputConfig | InputPlan) -> tuple[Any, Any]:
     """Add the job's reader to `pipeline`: `(chunks, dead_letters)` PCollections.
 
-    ``config`` says what to read (`InputConfig`: the `linstream embed` options input,
-    input_format, id_column, text_column, tokens_column, tokenizer, chunk_tokens, model).
-    Raises UsageError for an input that matches nothing, an unreadable tokenizer or one that
-    does not fit the model.
+    ``inputs`` says what to read: an `InputConfig` (the `linstream embed` options input,
+    input_format, id_column, text_column, tokens_column, tokenizer, chunk_tokens, model), or
+    its `plan_input(config)` when the caller made it already.  Raises UsageError for an input
+    that matches nothing, an unreadable tokenizer or one that does not fit the model.
     """
-    fmt, files, tokenizer = input_plan(config)
+    plan = inputs if isinstance(inputs, InputPlan) else plan_input(inputs)
+    config = plan.config
+    fmt, files, tokenizer = plan.format, list(plan.files), plan.tokenizer
     if fmt == "chunks":
         from . import ReadChunks
 
@@ -542,65 +377,3 @@ def read_input(pipeline: Any, config: InputConfig) -> tuple[Any, Any]:
     read_dead.element_type = DeadLetter
     dead = (read_dead, cut_dead) | "ReadDeadLetters" >> beam.Flatten()
     return chunks, dead
-
-
-def input_sequence_ids(config: InputConfig, max_files: int = 1000) -> set[str] | None:
-    """The ids of the sequences the input holds, found cheaply before the run (text files: their
-    paths; chunk Parquet: the `seq_id` column alone), or None when that would mean reading the
-    data (other formats, more than `max_files` files, an unreadable file)."""
-    try:
-        fmt, files, _tokenizer = input_plan(config)
-    except UsageError:
-        return None
-    if len(files) > max_files:
-        return None
-    if fmt == "text":
-        return {sequence_id(root, path) for root, path in files}
-    if fmt != "chunks":
-        return None
-    import pyarrow.parquet as pq
-
-    ids: set[str] = set()
-    for _, path in files:
-        if not_a_regular_file(path) is not None:
-            continue
-        try:
-            with FileSystems.open(path) as fh:
-                column = pq.read_table(fh, columns=["seq_id"]).column("seq_id")
-        except Exception:  # unreadable, or no seq_id column: the reader dead-letters it
-            return None
-        ids.update(str(v) for v in column.unique().to_pylist() if v is not None)
-    return ids
-
-
-def input_token_total(config: InputConfig, max_files: int = 1000) -> int | None:
-    """Tokens the input holds, counted cheaply before the run (Parquet footers; file sizes for
-    text read by `builtin:bytes`), or None when that would mean reading the data."""
-    try:
-        fmt, files, tokenizer = input_plan(config)
-    except UsageError:
-        return None
-    if len(files) > max_files:
-        return None
-    if fmt == "text" and tokenizer is not None and tokenizer.is_bytes:
-        metas = FileSystems.match([p for _, p in files])
-        return sum(m.metadata_list[0].size_in_bytes for m in metas if m.metadata_list)
-    if fmt != "chunks":
-        return None
-    import pyarrow.parquet as pq
-
-    total = 0
-    for _, path in files:
-        if not_a_regular_file(path) is not None:  # never opened: the reader dead-letters it
-            continue
-        try:
-            with FileSystems.open(path) as fh:
-                meta = pq.ParquetFile(fh).metadata
-        except Exception:  # unreadable: the reader dead-letters or fails it; no total
-            return None
-        cols = [meta.schema.column(i).path for i in range(meta.num_columns)]
-        leaf = next((i for i, c in enumerate(cols) if c.startswith("tokens.")), None)
-        if leaf is None:
-            return None
-        total += sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
-    return total

@@ -176,7 +176,11 @@ def model_tokenizer_spec(model: str) -> str | None:
 
         path, problem = folder_tokenizer(model)
         if path is None:
-            msg = f"--tokenizer not given and {problem}"
+            msg = (
+                f"--tokenizer not given and {problem}: add the model's tokenizer.json there, "
+                f"pass --tokenizer PATH, or --tokenizer {BUILTIN_BYTES} to read text as UTF-8 "
+                "bytes (ids 0-255, meaningful only for a model trained on bytes)"
+            )
             raise TokenizerError(msg)
         return path
     from linstream.ops.model.weights import read_model_header

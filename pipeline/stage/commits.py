@@ -37,6 +37,7 @@ from .counters import Counters
 from .records import DigestWindow, Meta
 from .spans import SpanWriter, Staged
 from .steps import ChunkStep
+from .stop_publish import gated, register
 
 __all__ = ["Commits"]
 
@@ -62,6 +63,7 @@ class Commits:
             spans.store_location = store.location
             # Rows are published only once the commits naming them are durable.
             spans.durable, spans.durable_seq = store.sync, store.sync_seq
+        register(self)  # a stop publishes what this stage's commits cover (stop_publish.py)
 
     def _check(self, m: Manifest) -> None:
         """A manifest's output span names only files this job may touch (else it is refused
@@ -69,10 +71,12 @@ class Commits:
         if self.spans is not None and m.history is not None and m.history.outputs is not None:
             self.spans.check(m.history.outputs, m.seq_id)
 
+    @gated
     def start_bundle(self) -> None:
         if self.spans is not None:
             self.spans.reset()  # a group left by a failed bundle is rolled forward by others
 
+    @gated
     def flush(self) -> None:
         """Make the commits made since the last flush durable (their folders' fsyncs, batched:
         ``CheckpointStore.sync``), then publish the open output group (every span they
@@ -122,6 +126,7 @@ class Commits:
         spans.discard_lost(lost, seq_id, kept.commit)  # what is left of them goes
         spans.committed(staged)
 
+    @gated
     def restore(self, seq_id: str, data: object, meta: Meta, cells: Cells) -> SequenceState | None:
         """The sequence's newest committed state (None: never committed); fills ``meta`` and
         the cells' digests and output sum from its history.
@@ -259,6 +264,7 @@ class Commits:
         self.m.outputs_missing.inc()
         return False
 
+    @gated
     def commit(
         self, seq_id: str, st: SequenceState, meta: Meta, cells: Cells
     ) -> tuple[SequenceState, DivergentStateError | None]:

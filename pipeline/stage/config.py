@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_EMBED_EMIT", "EMIT_MODES", "StageConfig"]
+__all__ = ["DEFAULT_EMBED_EMIT", "EMIT_MODES", "MAX_CHUNK_TOKENS", "StageConfig"]
 
 #: tokens: one vector per token; mean / last: one per chunk; sequence: one per finished sequence
 #: (the mean over all its tokens, from a running sum carried with the state).
@@ -20,6 +20,9 @@ EMIT_MODES = ("tokens", "mean", "last", "sequence")
 #: What `EmbedSequences` and `linstream embed` emit unless told: one vector per chunk, the mean
 #: of its tokens' embeddings.  (`CausalLinearAttention` and a bare `StageConfig` emit "tokens".)
 DEFAULT_EMBED_EMIT = "mean"
+#: The longest chunk the stage takes by default (longer ones are `too_large` dead letters; the
+#: most `linstream embed --chunk-tokens` accepts).
+MAX_CHUNK_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class StageConfig:
     progress_every_s: float | None = None
     restore_fallback: bool = False
     output_dir: str | None = None
-    max_chunk_tokens: int = 1 << 20
+    max_chunk_tokens: int = MAX_CHUNK_TOKENS
     block_tokens: int = 8192
     total_tokens: int | None = None
 

@@ -28,6 +28,7 @@ from linstream.ops.model.protocol import StreamingModel, UnknownTokenError
 from linstream.pipeline.values import Unencodable
 from linstream.state import CheckpointError, ModelMismatchError, SequenceState
 
+from .model_layer import checked_layer as _checked_layer
 from .rule_spec import EXPECTED_VALUES, RuleSpec, describe_fingerprint
 
 __all__ = ["BadInput", "ChunkStep", "EmbedStep", "RawAttentionStep"]
@@ -355,7 +356,9 @@ class EmbedStep(ChunkStep):
     default) instead.  `compute_dtype`: how a spec is loaded (float32 by default, float64, or
     bfloat16 for a checkpoint folder); a loaded model keeps its own; the workers load the model
     in that mode too.  Every entry point (the command line's job, `EmbedSequences`, `embed()`
-    and `Resumable`) loads its model here.
+    and `Resumable`) loads its model here, or hands it over loaded: `preloaded`, the model
+    already loaded from the spec `model` in that mode (the job loads it once, where it checks
+    the output folder), so that it is not loaded again here.
     """
 
     def __init__(
@@ -366,6 +369,7 @@ class EmbedStep(ChunkStep):
         *,
         layer: int | None = None,
         compute_dtype: Any = None,
+        preloaded: StreamingModel | None = None,
     ) -> None:
         self.backend = backend
         self.state_dtype = np.dtype(state_dtype)
@@ -375,7 +379,11 @@ class EmbedStep(ChunkStep):
 
             self._source: str | bytes | None = model
             # Loaded here too: the fingerprint names the model in checkpoints.
-            loaded = load_model(model, compute_dtype=compute_dtype or np.float32)
+            loaded = (
+                preloaded
+                if preloaded is not None
+                else load_model(model, compute_dtype=compute_dtype or np.float32)
+            )
         else:
             self._source = None  # formed from the model when the step is pickled
             loaded = model
@@ -522,26 +530,6 @@ class EmbedStep(ChunkStep):
         else:
             emb, new = model.embed_chunk(data, layers, backend=self.backend, layer=self.layer)
         return emb, list(new)
-
-
-def _checked_layer(layer: Any, model: StreamingModel) -> int | None:
-    """``layer`` checked against the model (ValueError saying what fits)."""
-    if layer is None:
-        return None
-    if not hasattr(model, "hidden_states"):
-        msg = (
-            f"layer {layer!r}: picking a layer's output needs a checkpoint folder in fla's "
-            f"format; model {getattr(model, 'source', '?')} gives its final output only"
-        )
-        raise ValueError(msg)
-    n = int(getattr(model, "num_layers"))  # noqa: B009
-    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not 0 <= layer <= n:
-        msg = (
-            f"layer must be an integer from 0 (the embeddings) to {n} (the final norm, the "
-            f"default) for this {n}-layer model, got {layer!r}"
-        )
-        raise ValueError(msg)
-    return int(layer)
 
 
 def _short(x: Any) -> str:

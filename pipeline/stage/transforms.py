@@ -135,7 +135,8 @@ class EmbedSequences(_SequenceTransform):
     compute_dtype: how a model given by its spec is loaded (float32, the default; float64; or
     bfloat16, a checkpoint folder's models only: weights held in 16 bits, float32 outputs).
     The stage's options are those of `CausalLinearAttention` (the fields of `StageConfig`); a
-    whole ``stage=`` keeps its own emit.
+    whole ``stage=`` keeps its own emit.  ``loaded``: the model already loaded from the spec
+    ``model`` (it is then not loaded again where the pipeline is built).
     """
 
     def __init__(
@@ -146,11 +147,12 @@ class EmbedSequences(_SequenceTransform):
         state_dtype: Any = np.float64,
         layer: int | None = None,
         compute_dtype: Any = None,
+        loaded: Any = None,
         stage: StageConfig | None = None,
         **options: Any,
     ) -> None:
         self._embed = EmbedStep(
-            model, backend, state_dtype, layer=layer, compute_dtype=compute_dtype
+            model, backend, state_dtype, layer=layer, compute_dtype=compute_dtype, preloaded=loaded
         )
         if stage is None and "emit" not in options:
             options = {**options, "emit": DEFAULT_EMBED_EMIT}

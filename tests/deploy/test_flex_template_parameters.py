@@ -25,6 +25,8 @@ NOT_PARAMETERS = {
     "wait": "a Flex Template launcher must return without waiting for the job",
     "output_mode": "the rules for an output folder that holds results are applied where "
     "`linstream embed` launches a job; a template launcher does not look into the folder",
+    "threads": "bounds the threads of the processes `linstream embed` runs on its own machine; "
+    "Dataflow workers use their machine type's cores",
 }
 
 #: Values tried against each parameter's regexes and its option's parser.

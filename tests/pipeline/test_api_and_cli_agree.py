@@ -55,7 +55,8 @@ def test_a_dirty_folder_gives_the_command_lines_results_and_dead_letters(
 ):
     _dirty_folder(tmp_path / "in")
     cli, cli_dead = _cli(tmp_path, tiny_model_path, "--emit", "mean")
-    assert sorted(set(cli.column("seq_id").to_pylist())) == ["a.txt", "notes/b.md", "packed.txt.gz"]
+    # a compressed file is its text, named without the suffix (packed.txt.gz is packed.txt)
+    assert sorted(set(cli.column("seq_id").to_pylist())) == ["a.txt", "notes/b.md", "packed.txt"]
     assert [(d["seq_id"], d["reason"]) for d in cli_dead] == [
         ("empty.txt", "empty_sequence"),
         ("tool.bin", "not_text"),
@@ -102,3 +103,21 @@ def test_an_fla_folder_gives_the_command_lines_numbers(tmp_path, byte_folder, em
             want = {s: np.asarray(v, np.float32) for s, v in zip(ids, rows, strict=True)}
             assert vectors.dtype == np.float32
             np.testing.assert_array_equal(vectors, np.stack([want[s] for s in sorted(GOOD)]))
+
+
+def test_a_file_beside_its_gzipped_twin_is_refused_by_both(tmp_path, tiny_model_path, monkeypatch):
+    """`a.txt` and `a.txt.gz` would be one sequence (a compressed file's id leaves out its
+    suffix): the command line refuses the folder in one line (exit 2, nothing written), and
+    `embed()` raises the same refusal, naming both files."""
+    write_texts(tmp_path / "in", {"a.txt": "a plain text file"})
+    (tmp_path / "in" / "a.txt.gz").write_bytes(gzip.compress(b"another text, gzipped"))
+    done = linstream(
+        "embed", "--input", "in", "--output", "out", "--model", tiny_model_path, cwd=tmp_path
+    )
+    want = "in/a.txt and in/a.txt.gz would both be sequence 'a.txt'"
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and want in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=want):
+        embed(Path("in"), tiny_model_path, backend="numpy")

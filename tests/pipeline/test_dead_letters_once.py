@@ -104,3 +104,30 @@ def test_stops_and_resumes_into_one_output_record_each_dead_letter_once(tmp_path
     assert verdict.ok, str(verdict)
     names = os.listdir(os.path.join(out, "dead_letters"))
     print(f"stops {stops}; dead-letter files {names}")
+
+
+def test_bad_chunk_indexes_of_one_sequence_stay_one_dead_letter_each(tmp_path, tiny_model_path):
+    """Three different bad rows of one sequence (chunk index 0.0, 1.5, NaN as float64) are
+    three dead letters in the folder, as the job's counter says: settling the folder keeps a
+    dead letter without a whole chunk index apart by its message (which names the index)."""
+    rows = pa.table(
+        {
+            "seq_id": ["x", "x", "x"],
+            "chunk_index": pa.array([0.0, 1.5, float("nan")], pa.float64()),
+            "tokens": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32())),
+        }
+    )
+    (tmp_path / "in").mkdir()
+    pq.write_table(rows, str(tmp_path / "in" / "bad.parquet"))
+    proc = subprocess.run(
+        embed_cmd(
+            tiny_model_path, str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+        ),
+        capture_output=True,
+        text=True,
+    )
+    assert "dead letters: 3 (bad_index 3)" in proc.stdout, (proc.stdout, proc.stderr)
+    dead = read_dead_letters(str(tmp_path / "out"))
+    assert len(dead) == 3, dead
+    assert {d["reason"] for d in dead} == {"bad_index"}
+    assert len({d["message"] for d in dead}) == 3, dead

@@ -190,3 +190,28 @@ def test_a_changed_input_under_a_checkpoint_is_named_not_fenced(folder, tiny_mod
         "the input for sequence 'a.txt' changed since its checkpoint (chunk 1 differs"
         in (dead["message"])
     )
+
+
+def test_append_with_another_chunk_size_is_refused(folder, tiny_model_path):
+    """Two chunkings in one folder would give one (seq_id, chunk_index) two spans of text: the
+    folder's record holds the job's --chunk-tokens, and another one is refused like another
+    --emit or model (same size: appended)."""
+    first = _embed(folder, tiny_model_path, "--output", "out")  # --chunk-tokens 64
+    assert first.returncode == 0, first.stderr
+    assert json.loads((folder / "out" / RECORD).read_text())["chunk_tokens"] == 64
+    before = pq.read_table(folder / "out" / "results")
+    append = ["--output", "out", "--output-mode", "append"]
+    other = _embed(folder, tiny_model_path, *append, "--chunk-tokens", "32")
+    assert other.returncode == 2
+    line = one_error_line(other)
+    assert (
+        "--output out holds chunks of 64 tokens (--chunk-tokens 64); this job cuts chunks of 32"
+        in (line)
+    )
+    after = pq.read_table(folder / "out" / "results")
+    assert after.num_rows == before.num_rows
+    same = _embed(folder, tiny_model_path, *append)
+    assert same.returncode == 0, same.stderr
+    frame = pd.read_parquet(folder / "out" / "results")
+    assert len(frame) == 2 * before.num_rows
+    assert frame.groupby(["seq_id", "chunk_index"])["start_position"].nunique().max() == 1

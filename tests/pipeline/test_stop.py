@@ -2,18 +2,23 @@
 
 Each case starts a real job in a subprocess, waits for its first checkpoint commit, sends the
 signal and asserts on what the user sees and on what is left on disk: no traceback, no worker
-process, no temporary folder in the output, and a resume command that runs as printed.
+process, no temporary folder in the output, the results of every chunk the checkpoints cover
+readable (as many rows as the line says), and a resume command that runs as printed and adds
+the rest, each chunk once.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import signal
 import time
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from helpers.cli import linstream, start
 
@@ -118,12 +123,24 @@ def test_a_signal_stops_the_job_with_one_line_and_the_resume_command(
     name = signal.Signals(signum).name
     expected = shlex.join(["linstream", *argv, "--resume"])
     assert lines[0].startswith(f"linstream embed: stopped by {name}: "), lines[0]
-    assert "result file(s) finalized under out/results" in lines[0]
     assert lines[0].endswith(f"resume with: {expected}"), lines[0]
     time.sleep(0.5)
     assert _alive_with_tag(tag) == [], "a worker process outlived the stopped job"
     leftovers = [p for p in (tmp_path / "out").rglob("*") if p.name.startswith((".temp", "beam-"))]
     assert leftovers == []
+    # What the commits cover is readable now, as many rows as the line says: per sequence, its
+    # chunks 0 .. next_chunk - 1 of its newest commit, each once.
+    said = re.search(
+        r": ([\d,]+) result row\(s\) readable under out/results \(every chunk", lines[0]
+    )
+    assert said, lines[0]
+    inspect = linstream("checkpoint", "inspect", "ckpt", "--json", cwd=tmp_path)
+    committed = {r["seq_id"]: r["next_chunk"] for r in map(json.loads, inspect.stdout.splitlines())}
+    rows = pd.read_parquet(tmp_path / "out" / "results")
+    assert int(said.group(1).replace(",", "")) == len(rows) == sum(committed.values()) > 0
+    held = rows.groupby("seq_id")["chunk_index"].agg(["count", "nunique", "max"])
+    for seq_id, next_chunk in committed.items():
+        assert tuple(held.loc[seq_id]) == (next_chunk, next_chunk, next_chunk - 1), seq_id
     resume = shlex.split(lines[0].split("resume with: ", 1)[1])
     assert resume[0] == "linstream"
     if not run_resume:  # the printed command runs once (in the first case): it takes a while
@@ -131,6 +148,10 @@ def test_a_signal_stops_the_job_with_one_line_and_the_resume_command(
     done = linstream(*resume[1:], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+    total = 4 * -(-40000 // 64)  # the input: 4 sequences of 40,000 tokens, 64 a chunk
+    assert f"{total - len(rows):,} result row(s) written to out/results/" in done.stdout
+    after = pd.read_parquet(tmp_path / "out" / "results")
+    assert len(after) == total and not after.duplicated(["seq_id", "chunk_index"]).any()
 
 
 def test_without_a_checkpoint_dir_the_line_says_nothing_can_be_resumed(

@@ -22,7 +22,7 @@ from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.text_input import (
     InputConfig,
     expand_input,
-    input_token_total,
+    plan_input,
     read_input,
 )
 from linstream.pipeline.io.tokenizers import (
@@ -146,7 +146,7 @@ def test_read_input_text_folder_ids_are_relative_paths(tmp_path):
         ("sub/b.md", 0, [195, 169], True),
     ]
     assert [(d.seq_id, d.reason) for d in dead] == [("empty.txt", "empty_sequence")]
-    assert input_token_total(args) == 5 + 2
+    assert plan_input(args).token_total() == 5 + 2
 
 
 def test_read_input_jsonl_parquet_text_and_token_lists(tmp_path):
