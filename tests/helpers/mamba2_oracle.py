@@ -56,6 +56,10 @@ def patch_mamba2_float64() -> list[str]:
         fn = _f64_clone(raw_scan) if hidden_states.dtype == torch.float64 else orig_scan
         return fn(hidden_states, *args, **kwargs)
 
+    # `inspect.unwrap` of the rebound name (as `chunk_scan` reads it) gives transformers' own
+    # function, not this dispatcher (whose float64 clone would not see `raw_scan`)
+    scan.__wrapped__ = raw_scan  # type: ignore[attr-defined]
+
     m.mamba2_chunk_scan = scan  # Mamba2Mixer.forward reads the module's global at call time
     _PATCHED.append("mamba2_chunk_scan")
     for cls in (m.Mamba2RMSNorm, m.MambaRMSNormGated, m.Mamba2Block, m.Mamba2Mixer):
