@@ -32,6 +32,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                        "num_heads": 2, "head_dim": 8, "vocab_size": 50, "intermediate_size": 48},
     "hgrn2": {"model_type": "hgrn2", "hidden_size": 32, "num_hidden_layers": 2,
               "expand_ratio": 8, "vocab_size": 50, "intermediate_size": 48},
+    "rwkv7": {"model_type": "rwkv7", "hidden_size": 32, "num_hidden_layers": 2, "head_dim": 16,
+              "vocab_size": 50, "intermediate_size": 48, "decay_low_rank_dim": 8,
+              "a_low_rank_dim": 8, "v_low_rank_dim": 4, "gate_low_rank_dim": 8},
 }  # fmt: skip
 
 

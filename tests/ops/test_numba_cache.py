@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from linstream.ops.additive import numba as nb
+from linstream.ops.dplr import numba as dplr
 from linstream.ops.model import kernels as mk
 from linstream.ops.model.fla import fused
 from linstream.ops.rules import gather
@@ -65,6 +66,7 @@ _KERNEL_MODULES = {
     "linstream.ops.decay.numba": (),
     "linstream.ops.decay.vector_numba": (),
     "linstream.ops.delta.numba": (),
+    "linstream.ops.dplr.numba": ("serial", "parallel"),
     "linstream.ops.rules.gather": ("serial", "parallel"),
     "linstream.ops.model.kernels": ("serial", "parallel"),
     "linstream.ops.model.fla.fused": ("serial", "parallel"),
@@ -132,6 +134,7 @@ def test_every_kernel_pair_has_its_own_cache_files():
         (mk._BIAS_ACT[False], mk._BIAS_ACT[True]),
         (fused._SWIGLU[False], fused._SWIGLU[True]),
         (fused._SILU[False], fused._SILU[True]),
+        (dplr._KERNEL[False], dplr._KERNEL[True]),
     ]
     for serial, parallel in pairs:
         assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name

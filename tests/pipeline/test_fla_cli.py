@@ -51,13 +51,19 @@ def _token_rows(out):
     return rows
 
 
-@pytest.mark.parametrize(("name", "layer"), [("retnet", 1), ("gla", None)])
+@pytest.mark.parametrize(("name", "layer"), [("retnet", 1), ("gla", None), ("rwkv7", None)])
 def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
     torch = pytest.importorskip("torch")
     pytest.importorskip("fla", reason="flash-linear-attention is a test extra")
     from helpers.fla_oracle import build_and_save, run_fla, tiny_configs
+    from helpers.fla_oracle_rwkv7 import patch_rwkv7_for_cpu
+    from helpers.rwkv_mamba_models import write_model_folder
 
-    folder = build_and_save(name, tiny_configs()[name], tmp_path)
+    if name == "rwkv7":  # fla's RWKV7ForCausalLM (helpers.rwkv_mamba_models' tiny model)
+        patch_rwkv7_for_cpu()
+        folder = write_model_folder(tmp_path / name, name, "tiny")
+    else:
+        folder = build_and_save(name, tiny_configs()[name], tmp_path)
     rng = np.random.default_rng(SEED)
     print(f"seed={SEED}")
     sizes = rng.integers(1, 40, 5)
@@ -84,13 +90,15 @@ def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
         assert float(np.max(np.abs(got - ref[-1]))) > 8 * e32
 
 
-def test_a_killed_and_resumed_job_writes_what_one_job_writes(tmp_path):
+@pytest.mark.parametrize("family", ["gla", "rwkv7"])
+def test_a_killed_and_resumed_job_writes_what_one_job_writes(tmp_path, family):
     """SIGKILL / SIGINT at random moments, then a resume over the full input: every chunk once,
     bit-identical to an uninterrupted job (GLA with short convolutions: their tails are in
-    every checkpoint)."""
+    every checkpoint; RWKV-7: its two token shifts' last inputs are, and layer 0's v reaches
+    the later layers within each chunk)."""
     seed = SEED + 1
     print(f"crash harness seed {seed}")
-    folder = str(write_folder(tmp_path / "gla", TINY_CONFIGS["gla"], seed=3))
+    folder = str(write_folder(tmp_path / family, TINY_CONFIGS[family], seed=3))
     chunks = sample_chunks(3, 40 * 16, 16, seed=seed, shuffle=True, duplicates=4, vocab_size=50)
     inp = str(tmp_path / "in.parquet")
     write_chunk_file(inp, chunks)
