@@ -110,6 +110,9 @@ def _kernel(parallel: bool) -> Any:
             obuf = np.empty(c * (2 * c + dk), q.dtype)
             q0 = np.empty((c, dk), q.dtype)
             a0 = np.empty((c, dk), q.dtype)
+            en = np.empty(dk, q.dtype)
+            e_prev = np.empty(dk, q.dtype)
+            e0_prev = np.empty(dk, q.dtype)
             acc = np.empty(dv, q.dtype)
             c0 = 0
             while c0 < t:
@@ -123,31 +126,33 @@ def _kernel(parallel: bool) -> Any:
                         g[i, p] = g[i - 1, p] + _floored(lw[c0 + i, h, p])
                 xs = xbuf[: n2 * dk].reshape((n2, dk))  # [q e^{G'}; a e^{G'_{i-1}}]
                 ys = ybuf[: n2 * dk].reshape((n2, dk))  # [k e^{-G'}; b e^{-G'}]
-                kbt = kbuf[: dk * n2].reshape((dk, n2))  # [k e^{G'_n - G'}; b ...]ᵀ
+                kb = kbuf[: n2 * dk].reshape((n2, dk))  # [k e^{G'_n - G'}; b e^{G'_n - G'}]
+                for p in range(dk):
+                    en[p] = exp(cdt(g[n - 1, p]))
+                    e_prev[p] = 1  # e^{G'_{-1}}: the a row of the first token has no pairs
+                    e0_prev[p] = 1  # e^{G_{-1}}: the first token reads S_0 undecayed
                 for i in range(n):
                     for p in range(dk):
                         gi = g[i, p]
+                        e = exp(cdt(gi))
+                        ei = exp(cdt(-gi))
+                        e0 = exp(cdt(gf[p] + gi))
                         qv = q[c0 + i, h, p]
                         kv = k[c0 + i, h, p]
+                        av = a[c0 + i, h, p]
                         bv = b[c0 + i, h, p]
-                        ei = exp(cdt(-gi))
-                        en = exp(cdt(g[n - 1, p] - gi))
-                        xs[i, p] = qv * exp(cdt(gi))
-                        q0[i, p] = qv * exp(cdt(gf[p] + gi))
+                        xs[i, p] = qv * e
+                        xs[n + i, p] = av * e_prev[p]
+                        q0[i, p] = qv * e0
+                        a0[i, p] = av * e0_prev[p]
                         ys[i, p] = kv * ei
                         ys[n + i, p] = bv * ei
-                        kbt[p, i] = kv * en
-                        kbt[p, n + i] = bv * en
-                    if i == 0:
-                        for p in range(dk):
-                            xs[n, p] = 0
-                            a0[0, p] = a[c0, h, p]
-                    else:
-                        for p in range(dk):
-                            av = a[c0 + i, h, p]
-                            gp = g[i - 1, p]
-                            xs[n + i, p] = av * exp(cdt(gp))
-                            a0[i, p] = av * exp(cdt(gf[p] + gp))
+                        kb[i, p] = kv * (en[p] * ei)
+                        kb[n + i, p] = bv * (en[p] * ei)
+                        e_prev[p] = e
+                        e0_prev[p] = e0
+                for p in range(dk):
+                    xs[n, p] = 0
                 mm = np.dot(xs, ys.T)  # [[A_qk, A_qb], [A_ak, A_ab]] before their masks
                 zs = zbuf[: (n2 + dk) * dv].reshape((n2 + dk, dv))  # [V; U; S_0]
                 for i in range(n):
@@ -186,7 +191,7 @@ def _kernel(parallel: bool) -> Any:
                 for i in range(n):
                     for r in range(dv):
                         out[c0 + i, h, r] = y[i, r]
-                upd = np.dot(kbt, zs[:n2])
+                upd = np.dot(kb.T, zs[:n2])
                 for p in range(dk):
                     e = math.exp(gf[p] + g[n - 1, p])
                     for r in range(dv):

@@ -257,13 +257,14 @@ class RWKV7Block:
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
         if self.pre_norm is not None:
-            x = self.pre_norm(x)
-        h = self.attn_norm(x)
+            x = _layer_norm(self.pre_norm, x)
+        h = _layer_norm(self.attn_norm, x)
         attn, s_new = self._time_mix(h, state, carry)
-        x = x + attn
-        f = self.ffn_norm(x)
+        n = self.ffn_norm
+        assert n.weight is not None
+        x, f = passes.add_layer_norm(x, attn, n.weight, n.bias, n.eps)
         xk = passes.shift_mix(f, state["shift_ffn"], self.ffn_mix[None])[0]
-        x += self.value(passes.sqrelu(self.key(xk)))
+        x += self.value(passes.sqrelu_(self.key(xk)))
         new = {"S": s_new, "shift_attn": h[-1].copy(), "shift_ffn": f[-1].copy()}
         return x, LayerState(new)
 
@@ -277,34 +278,38 @@ class RWKV7Block:
         r = self.r_proj(xr)
         k = self.k_proj(xk)
         pv = self.v_proj(xv)
-        v = pv["v"]
-        w = passes.decay(self.lora_out["w"](np.tanh(self.lora_in["w"](xw))), self.lora_bias["w"])
+        w = passes.decay_(self.lora_out["w"](np.tanh(self.lora_in["w"](xw))), self.lora_bias["w"])
         if self.index == 0:
-            v = np.ascontiguousarray(v)
+            v = np.ascontiguousarray(pv["v"])
             carry["v_first"] = v
         else:
             gate = self.lora_out["v"](pv["v_lora"])
-            v = passes.v_residual(v, carry["v_first"], gate, self.lora_bias["v"])
-        alpha = passes.sigmoid_bias(self.lora_out["a"](self.lora_in["a"](xa)), self.lora_bias["a"])
-        g = self.lora_out["g"](passes.sigmoid(self.lora_in["g"](xg)))
-        kk, k, b = passes.keys(k, alpha, self.k_k, self.k_a, hd, s.fuse_norm)
+            v = passes.v_residual(pv["v"], carry["v_first"], gate, self.lora_bias["v"])
+        alpha = passes.sigmoid_(self.lora_out["a"](self.lora_in["a"](xa)), self.lora_bias["a"])
+        g = self.lora_out["g"](passes.sigmoid_(self.lora_in["g"](xg)))
+        a, k, b = passes.keys(k, alpha, self.k_k, self.k_a, hd, s.fuse_norm)
         state_s = np.array(state["S"], copy=True)
         r3, k3, v3 = r.reshape(t, nh, hd), k.reshape(t, nh, hd), v.reshape(t, nh, hv)
         o = dplr_chunks(
             r3,
             k3,
             v3,
-            -kk.reshape(t, nh, hd),
+            a.reshape(t, nh, hd),
             b.reshape(t, nh, hd),
             w.reshape(t, nh, hd),
             state_s,
             chunk_size=DEFAULT_DPLR_CHUNK,
         )
-        o = passes.group_norm_out(
+        o = passes.group_norm_out_(
             o, r3, k3, v3, self.r_k, g.reshape(t, nh, hv), self.g_norm_w, self.g_norm_b,
             self.g_norm_eps,
         )  # fmt: skip
         return self.o_proj(o.reshape(t, -1)), state_s
+
+
+def _layer_norm(n: Norm, x: np.ndarray) -> np.ndarray:
+    assert n.weight is not None
+    return passes.layer_norm(x, n.weight, n.bias, n.eps)
 
 
 def build_block(
