@@ -172,3 +172,27 @@ def test_text_is_tokenized_with_the_folders_tokenizer_json(tmp_path):
         emb, _ = model.embed_chunk(ids, None)
         want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
         assert np.array_equal(np.asarray(rows[name], np.float32), want), name
+
+
+def test_a_folder_with_only_rwkvs_world_vocabulary_says_how_to_tokenize(tmp_path):
+    """An RWKV-7 folder with rwkv_vocab_v20230424.txt and no tokenizer.json: text input is one
+    line saying how to tokenize with the world tokenizer and pass the ids (exit 2); those ids,
+    as tokens-jsonl, embed."""
+    folder = write_folder(tmp_path / "rwkv7", TINY_CONFIGS["rwkv7"])
+    (folder / "rwkv_vocab_v20230424.txt").write_text("".join(
+        f"{i} {bytes([i])!r} 1\n" for i in range(256)
+    ))  # fmt: skip
+    texts = write_texts(tmp_path / "texts", {"a.txt": "hello"})
+    base = ["embed", "--model", folder, "--progress-every", "0"]
+    done = linstream(*base, "--input", texts, "--output", tmp_path / "out")
+    line = one_error_line(done)
+    print(line)
+    assert done.returncode == 2, done.stderr
+    assert "only RWKV's world vocabulary rwkv_vocab_v20230424.txt" in line
+    assert "TRIE_TOKENIZER" in line and "--input-format tokens-jsonl" in line
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"id": "a", "tokens": [4, 1, 8, 8, 11]}) + "\n")
+    out = tmp_path / "ids_out"
+    done = linstream(*base, "--input", ids, "--input-format", "tokens-jsonl", "--output", out)
+    assert done.returncode == 0, done.stderr
+    assert list((out / "results").rglob("*.parquet"))

@@ -3,16 +3,16 @@
     model = load_model("path/to/folder")          # FlaModel, or ModelFolderError in one line
     model = load_model("gs://bucket/models/gla/")  # a URL of a folder (fsspec)
 
-A folder holds config.json (its model_type names the family), the weights as one
-model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
-tokenizer.json (a folder with only SentencePiece's tokenizer.model loads, and says what to add
-when its tokenizer is asked for).  Weights are read from safetensors only (PyTorch's pickle
-files are refused, never opened), one tensor at a time, upcast once (bfloat16 -> float32, or
-float64 with compute_dtype=np.float64); each layer's projections are fused as the layer is read,
-so the load holds the runtime's weights plus one layer's tensors at most.  The output head
-(lm_head) is not read: the runtime gives hidden states.  Where the tensors are (their prefix,
-the embedding, the final norm, each layer's names and shapes) and how a layer becomes a block is
-the family's (`families.Family`; fla's layout and standard block by default); names and shapes
+A folder holds config.json (its model_type names the family), the weights as one model.safetensors
+or several shards listed by model.safetensors.index.json, and the tokenizer as tokenizer.json (a
+folder with only SentencePiece's tokenizer.model, or only RWKV's world vocabulary, loads, and says
+what to do when its tokenizer is asked for). Weights are read from safetensors only (PyTorch's
+pickle files are refused, never opened), one tensor at a time, upcast once (bfloat16 -> float32, or
+float64 with compute_dtype=np.float64); each layer's projections are fused as the layer is read, so
+the load holds the runtime's weights plus one layer's tensors at most. The output head (lm_head) is
+not read: the runtime gives hidden states. Where the tensors are (their prefix, the embedding, the
+final norm, each layer's names and shapes) and how a layer becomes a block is the family's
+(`families.Family`; fla's layout and standard block by default); names and shapes
 are checked against the config before any tensor is read.
 """
 
@@ -42,6 +42,8 @@ from .runtime import FlaModel, LoadReport
 from .tensor_files import TensorEntry, TensorFileError, read_header, read_tensor
 
 __all__ = ["expected_tensors", "folder_tokenizer", "load_model", "read_folder_config"]
+
+RWKV_WORLD_VOCAB = "rwkv_vocab_v20230424.txt"  # RWKV's "world" tokenizer's vocabulary file
 
 _log = logging.getLogger(__name__)
 _FINGERPRINT_TAG = b"linstream-fla-fingerprint-v1"
@@ -232,6 +234,12 @@ def _tokenizer(folder: FolderLocation, source: str) -> tuple[str | None, str | N
             '`python -c "from transformers import AutoTokenizer; '
             f"AutoTokenizer.from_pretrained('{source}').save_pretrained('{source}')\"` (needs "
             "transformers and sentencepiece)"
+        )
+    if folder.is_file(RWKV_WORLD_VOCAB):
+        return None, (  # its greedy longest match over bytes has no tokenizer.json form
+            f"{source}: only RWKV's world vocabulary {RWKV_WORLD_VOCAB}, no tokenizer.json: "
+            f"tokenize with `rwkv.rwkv_tokenizer.TRIE_TOKENIZER('{RWKV_WORLD_VOCAB}')` (pip "
+            "install rwkv) and give the ids as --input-format tokens-jsonl"
         )
     return None, f"{source}: no tokenizer.json in the folder"
 
