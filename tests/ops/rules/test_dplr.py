@@ -100,6 +100,59 @@ def test_the_reference_equals_fla_dplr_recurrence(form):
     assert o.dtype == torch.float64 and err <= tol
 
 
+def fla_dplr(x, s0):
+    """fla's `dplr_recurrence` and `dplr_chunkwise` (their float64 clones, fla's code with
+    float32 read as float64) on [T, H, ·] float64 inputs from state s0: (out, S) of each."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("fla", reason="flash-linear-attention is a test extra")
+    from fla.ops.generalized_delta_rule.dplr.naive import dplr_chunkwise, dplr_recurrence
+    from helpers.fla_oracle import _f64_clone
+
+    dk = x[0].shape[2]
+    q, k, v, a, b, w = (torch.from_numpy(np.ascontiguousarray(y)).transpose(0, 1)[None] for y in x)
+    init = torch.from_numpy(np.asarray(s0, np.float64))[None]
+    runs = []
+    default = torch.get_default_dtype()
+    for fn in (dplr_recurrence, dplr_chunkwise):
+        torch.set_default_dtype(torch.float64)  # dplr_chunkwise's torch.zeros take the default
+        try:
+            o, s = _f64_clone(fn)(q * dk**0.5, k, v, a, b, w, initial_state=init.clone())
+        finally:
+            torch.set_default_dtype(default)
+        assert o.dtype == torch.float64 and s.dtype == torch.float64
+        runs.append((o[0].transpose(0, 1).numpy(), s[0].numpy()))
+    return runs
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+@pytest.mark.parametrize("dtypes", list(DTYPES))
+def test_random_splits_match_fla_naive_functions(dtypes, seed):
+    """The kernel, over random splits into calls and a random chunk length, against fla's own
+    naive DPLR functions (the token-by-token recurrence and its chunkwise form) in float64 on
+    the same (compute-dtype-rounded) RWKV-7-form inputs.  Tolerance: the kernel's derived bound
+    (`tolerance`) plus fla's own float64 rounding, 4·T·(2·d_k + 3)·u64·M (T token steps of
+    d_k-term sums); fla's chunkwise form (its chunks of 32, T a multiple) adds its own
+    in-chunk sums, the same bound at C = 32."""
+    cdt, sdt = DTYPES[dtypes]
+    rng = np.random.default_rng(seed)
+    h, dk, dv = int(rng.integers(1, 3)), int(rng.choice([4, 8, 16])), int(rng.choice([4, 8]))
+    t = 32 * int(rng.integers(1, 5))  # fla's chunkwise form needs whole chunks of 32
+    c = int(rng.choice([1, 3, 16, 32, 64]))
+    bounds = sorted({0, t, *rng.integers(0, t + 1, size=int(rng.integers(0, 5))).tolist()})
+    print(f"seed={seed} {dtypes} T={t} H={h} dk={dk} dv={dv} C={c} bounds={bounds}")
+    x = tuple(np.asarray(y, cdt).astype(np.float64) for y in inputs(rng, t, h, dk, dv, "rwkv"))
+    s0 = np.asarray(rng.standard_normal((h, dk, dv)), sdt)
+    out, s = run(x, s0, bounds, c, cdt, sdt)
+    for name, (ref, s_ref) in zip(("recurrence", "chunkwise"), fla_dplr(x, s0), strict=True):
+        m = max(float(np.max(np.abs(ref))), float(np.max(np.abs(s_ref))))
+        fla_err = 4 * t * (2 * dk + 3) * (np.finfo(np.float64).eps / 2) * m
+        tol = tolerance(x, ref, s_ref, t, max(c, 32), cdt, sdt) + fla_err
+        err = max(float(np.max(np.abs(out - ref))), float(np.max(np.abs(s - s_ref))))
+        print(f"fla {name}: |Δ| {err:.3g}, tolerance {tol:.3g}")
+        assert err <= tol, name
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 @pytest.mark.parametrize("form", ["rwkv", "general"])
