@@ -1,6 +1,7 @@
 """Benchmark: prompt processing on RWKV-7 (~190M) and Mamba-2 (~130M) with random weights, the
 same folder for every contender: llama.cpp (`llama-bench`, f32 / f16 / bf16 GGUFs converted
-from the folder), fla's RWKV-7 and transformers' Mamba-2 on the CPU (torch, float32).
+from the folder), fla's RWKV-7 and transformers' Mamba-2 on the CPU (torch, float32), and
+linstream's runtime on the same folder (float32, for the families it loads).
 
     .venv/bin/python -m pytest tests/bench/test_bench_llama_cpp.py -m bench -s -p no:randomly
 
@@ -91,7 +92,29 @@ def run_torch(family: str, folder: str) -> dict[str, float]:
     }
 
 
+def run_linstream(family: str, folder: str) -> dict[str, float]:
+    """linstream's runtime on the folder (`--model folder/`), float32 compute, float64 state:
+    the prompt as one chunk from a fresh state (final hidden states), after a warm-up call that
+    compiles the kernels, best of ROUNDS; no column for a family linstream does not load."""
+    from linstream.ops.model.fla import load_model
+    from linstream.ops.model.fla.config import FAMILIES as LOADED
+
+    if family not in LOADED:
+        return {}
+    _threads()  # linstream's own products hold BLAS at one thread and split rows (2 threads)
+    model = load_model(folder)
+    ids = prompt_ids(family)
+    model.embed_chunk(ids, None)  # warm-up: Numba's compilation (or its cache)
+    times = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        model.embed_chunk(ids, None)
+        times.append(time.perf_counter() - t0)
+    return {"linstream f32": PROMPT / min(times)}
+
+
 CONTENDERS: dict[str, Callable[[str, str], dict[str, float]]] = {
+    "linstream": run_linstream,
     "llama_cpp": run_llama_cpp,
     "torch": run_torch,
 }
@@ -224,6 +247,14 @@ def test_bench_prompt_processing(folders, llama):
         cells = [f"{r[c]:.0f}" if c in r else "" for c in columns]
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     lines.append(f"\n(tokens/s; load average at the end {_load()})")
+    for family, r in rows.items():  # the targets: ≥ 1.2× llama.cpp f32, ≥ 2× fla/transformers
+        if "linstream f32" in r:
+            ratios = [
+                f"{r['linstream f32'] / r[c]:.2f}× {c}"
+                for c in ("llama.cpp f32", "fla / transformers f32")
+                if c in r
+            ]
+            lines.append(f"{family}: linstream f32 at " + ", ".join(ratios))
     print("\n" + "\n".join(lines))
     for family, r in rows.items():
         assert all(v > 0 for v in r.values()), (family, r)

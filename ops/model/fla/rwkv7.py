@@ -230,9 +230,9 @@ class RWKV7Block:
             v_parts.append(("v_lora", t["attn.v_lora.lora.0.weight"]))
         self.v_proj = weights.fused(v_parts)
         self.o_proj = weights.dense(t["attn.o_proj.weight"])
-        self.lora_in = {
-            n: weights.dense(t[f"attn.{n}_lora.lora.0.weight"], split=False) for n in "wag"
-        }
+        # rank 64-128 from hidden: at a 2,048-token chunk each is ~10⁸ multiply-adds, worth the
+        # row ranges (one call over all rows would leave the second thread idle)
+        self.lora_in = {n: weights.dense(t[f"attn.{n}_lora.lora.0.weight"]) for n in "wag"}
         self.lora_out = {
             n: weights.dense(t[f"attn.{n}_lora.lora.2.weight"]) for n in "wag" + "v" * (index != 0)
         }
