@@ -3,6 +3,9 @@
 decay_recurrent, gated_recurrent            float64 references, token by token
 delta_recurrent, gated_delta_recurrent      float64 references, token by token
 decay_chunks, delta_chunks                  chunkwise Numba kernels
+dplr_recurrent, dplr_chunks                 the generalized delta rule (DPLR form, RWKV-7's time
+                                            mix): its reference and kernel, which the fla runtime
+                                            calls (no `rule=` name)
 rule_causal                                 what `causal_linear_attention(rule=...)` calls
 """
 
@@ -10,6 +13,8 @@ from linstream.ops.decay.naive import decay_recurrent, gated_recurrent
 from linstream.ops.decay.numba import decay_chunks
 from linstream.ops.delta.naive import delta_recurrent, gated_delta_recurrent, unit_keys
 from linstream.ops.delta.numba import delta_chunks
+from linstream.ops.dplr.naive import dplr_recurrent
+from linstream.ops.dplr.numba import dplr_chunks
 
 from .dispatch import DEFAULT_RULE_CHUNK, check_rule_backend, rule_causal
 from .params import (
@@ -36,6 +41,8 @@ __all__ = [
     "decay_recurrent",
     "delta_chunks",
     "delta_recurrent",
+    "dplr_chunks",
+    "dplr_recurrent",
     "gated_delta_recurrent",
     "gated_recurrent",
     "rule_causal",

@@ -211,7 +211,7 @@ class EmbedConfig:
     model: str = _flag(
         "builtin:default, a .safetensors model file, or a checkpoint folder in fla's format "
         "(config.json, safetensors, tokenizer.json: GLA, RetNet, DeltaNet, Gated DeltaNet, "
-        "HGRN2); local or gs://...",
+        "HGRN2, RWKV-7, Mamba-2); local or gs://...",
         _default(InputConfig, "model"),
         metavar="SPEC",
     )

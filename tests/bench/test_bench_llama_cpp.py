@@ -1,6 +1,7 @@
 """Benchmark: prompt processing on RWKV-7 (~190M) and Mamba-2 (~130M) with random weights, the
 same folder for every contender: llama.cpp (`llama-bench`, f32 / f16 / bf16 GGUFs converted
-from the folder), fla's RWKV-7 and transformers' Mamba-2 on the CPU (torch, float32).
+from the folder), fla's RWKV-7 and transformers' Mamba-2 on the CPU (torch, float32), and
+linstream's runtime on the same folder (float32, for the families it loads).
 
     .venv/bin/python -m pytest tests/bench/test_bench_llama_cpp.py -m bench -s -p no:randomly
 

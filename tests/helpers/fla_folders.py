@@ -36,6 +36,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "mamba2": {"model_type": "mamba2", "hidden_size": 32, "num_hidden_layers": 2,
                "num_heads": 8, "head_dim": 8, "state_size": 8, "n_groups": 2, "expand": 2,
                "vocab_size": 50, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    "rwkv7": {"model_type": "rwkv7", "hidden_size": 32, "num_hidden_layers": 2, "head_dim": 16,
+              "vocab_size": 50, "intermediate_size": 48, "decay_low_rank_dim": 8,
+              "a_low_rank_dim": 8, "v_low_rank_dim": 4, "gate_low_rank_dim": 8},
 }  # fmt: skip
 
 

@@ -11,7 +11,8 @@ The calls cover the additive kernel's serial and parallel versions (two head wid
 compute dtypes, both state dtypes), the four rules (decay, gated, delta, gated_delta) with the
 gather's serial and parallel versions, the model's fused passes (serial and parallel), the
 vector-gated kernel, an embed through a tiny fla-format model folder of each family (GLA,
-RetNet, DeltaNet, Gated DeltaNet, HGRN2: the fla runtime's fused passes, serial and parallel)
+RetNet, DeltaNet, Gated DeltaNet, HGRN2, RWKV-7: the fla runtime's fused passes and the DPLR
+kernel, serial and parallel)
 and the float64 recurrent oracle.
 """
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 from linstream.ops.additive import numba as nb
+from linstream.ops.dplr import numba as dplr
 from linstream.ops.model import kernels as mk
 from linstream.ops.model.fla import fused
+from linstream.ops.model.fla import rwkv7_passes as rwkv7
 from linstream.ops.rules import gather
 
 pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
@@ -65,9 +67,11 @@ _KERNEL_MODULES = {
     "linstream.ops.decay.numba": (),
     "linstream.ops.decay.vector_numba": (),
     "linstream.ops.delta.numba": (),
+    "linstream.ops.dplr.numba": ("serial", "parallel"),
     "linstream.ops.rules.gather": ("serial", "parallel"),
     "linstream.ops.model.kernels": ("serial", "parallel"),
     "linstream.ops.model.fla.fused": ("serial", "parallel"),
+    "linstream.ops.model.fla.rwkv7_passes": ("serial", "parallel"),
     "linstream.ops.additive.naive_numba": (),
 }
 
@@ -132,6 +136,10 @@ def test_every_kernel_pair_has_its_own_cache_files():
         (mk._BIAS_ACT[False], mk._BIAS_ACT[True]),
         (fused._SWIGLU[False], fused._SWIGLU[True]),
         (fused._SILU[False], fused._SILU[True]),
+        (dplr._KERNEL[False], dplr._KERNEL[True]),
+        *((k[False], k[True]) for k in (rwkv7._SHIFT_MIX, rwkv7._KEYS, rwkv7._GROUP_NORM_OUT)),
+        *((k[False], k[True]) for k in (rwkv7._LAYER_NORM, rwkv7._DECAY, rwkv7._SQRELU)),
+        (rwkv7._V_RESIDUAL[False], rwkv7._V_RESIDUAL[True]),
     ]
     for serial, parallel in pairs:
         assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name

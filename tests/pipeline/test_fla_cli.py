@@ -62,11 +62,18 @@ def _oracle(name, tmp_path):
         return write_model_folder(tmp_path / name, "mamba2", "tiny"), run_mamba2
     pytest.importorskip("fla", reason="flash-linear-attention is a test extra")
     from helpers.fla_oracle import build_and_save, run_fla, tiny_configs
+    from helpers.fla_oracle_rwkv7 import patch_rwkv7_for_cpu
+    from helpers.rwkv_mamba_models import write_model_folder
 
+    if name == "rwkv7":  # fla's RWKV7ForCausalLM (helpers.rwkv_mamba_models' tiny model)
+        patch_rwkv7_for_cpu()
+        return write_model_folder(tmp_path / name, name, "tiny"), run_fla
     return build_and_save(name, tiny_configs()[name], tmp_path), run_fla
 
 
-@pytest.mark.parametrize(("name", "layer"), [("retnet", 1), ("gla", None), ("mamba2", None)])
+@pytest.mark.parametrize(
+    ("name", "layer"), [("retnet", 1), ("gla", None), ("mamba2", None), ("rwkv7", None)]
+)
 def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
     """The job's embeddings are the hidden states of the model's own library (fla's classes;
     transformers' for Mamba-2) on the same tokens."""
@@ -98,11 +105,13 @@ def test_embeddings_equal_fla_hidden_states(tmp_path, name, layer):
         assert float(np.max(np.abs(got - ref[-1]))) > 8 * e32
 
 
-@pytest.mark.parametrize("name", ["gla", "mamba2"])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "rwkv7"])
 def test_a_killed_and_resumed_job_writes_what_one_job_writes(tmp_path, name):
     """SIGKILL / SIGINT at random moments, then a resume over the full input: every chunk once,
     bit-identical to an uninterrupted job (GLA with short convolutions, Mamba-2 with its SSM
-    state and the convolution's tail over x, B, C: all in every checkpoint)."""
+    state and the convolution's tail over x, B, C, RWKV-7 with its two token shifts' last
+    inputs: all in every checkpoint; RWKV-7's layer-0 v reaches the later layers within each
+    chunk)."""
     seed = SEED + 1
     print(f"crash harness seed {seed}, model {name}")
     folder = str(write_folder(tmp_path / name, TINY_CONFIGS[name], seed=3))
@@ -245,3 +254,27 @@ def test_a_gpt_neox_tokenizer_json_tokenizes_as_transformers_does(tmp_path):
         emb, _ = model.embed_chunk(ids, None)
         want = np.asarray(emb.sum(axis=0, dtype=np.float64) / len(ids), np.float32)
         assert np.array_equal(np.asarray(rows[name], np.float32), want), name
+
+
+def test_a_folder_with_only_rwkvs_world_vocabulary_says_how_to_tokenize(tmp_path):
+    """An RWKV-7 folder with rwkv_vocab_v20230424.txt and no tokenizer.json: text input is one
+    line saying how to tokenize with the world tokenizer and pass the ids (exit 2); those ids,
+    as tokens-jsonl, embed."""
+    folder = write_folder(tmp_path / "rwkv7", TINY_CONFIGS["rwkv7"])
+    (folder / "rwkv_vocab_v20230424.txt").write_text("".join(
+        f"{i} {bytes([i])!r} 1\n" for i in range(256)
+    ))  # fmt: skip
+    texts = write_texts(tmp_path / "texts", {"a.txt": "hello"})
+    base = ["embed", "--model", folder, "--progress-every", "0"]
+    done = linstream(*base, "--input", texts, "--output", tmp_path / "out")
+    line = one_error_line(done)
+    print(line)
+    assert done.returncode == 2, done.stderr
+    assert "only RWKV's world vocabulary rwkv_vocab_v20230424.txt" in line
+    assert "TRIE_TOKENIZER" in line and "--input-format tokens-jsonl" in line
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"id": "a", "tokens": [4, 1, 8, 8, 11]}) + "\n")
+    out = tmp_path / "ids_out"
+    done = linstream(*base, "--input", ids, "--input-format", "tokens-jsonl", "--output", out)
+    assert done.returncode == 0, done.stderr
+    assert list((out / "results").rglob("*.parquet"))

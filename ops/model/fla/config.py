@@ -29,11 +29,12 @@ __all__ = [
     "FlaConfig",
     "ModelFolderError",
     "parse_config",
+    "refuse_hybrid",
     "standard_common",
 ]
 
 #: model_type values this runtime runs (each a module of this package).
-FAMILIES = ("gla", "retnet", "delta_net", "gated_deltanet", "hgrn2", "mamba2")
+FAMILIES = ("gla", "retnet", "delta_net", "gated_deltanet", "hgrn2", "mamba2", "rwkv7")
 
 # Keys that cannot change the hidden states: Hugging Face bookkeeping, token ids, the output
 # head (tie_word_embeddings), training-only switches (losses, initialization, fused kernels
@@ -225,6 +226,16 @@ def standard_common(r: ConfigReader) -> CommonConfig:
         inter = 256 * ((n + 255) // 256)
     act = r.get("hidden_act", "swish", "str")
     r.require("hidden_act", act, ("swish",), "the MLP runs SwiGLU (fla's 'swish') only")
+    refuse_hybrid(r)
+    attnres = r.get("attnres_block_size", None, "int?")
+    if attnres is not None:
+        r.refuse("attnres_block_size", attnres, "attention residuals are not implemented")
+    r.get("fuse_norm", True, "bool")  # fused or torch RMSNorm: the same function
+    return CommonConfig(r.family, hidden, layers, vocab, eps, int(inter))
+
+
+def refuse_hybrid(r: ConfigReader) -> None:
+    """Read fla's `attn` key: refused when it places softmax-attention layers (hybrid models)."""
     raw_attn = r.raw.get("attn")
     r.read.add("attn")
     if raw_attn is not None:
@@ -238,11 +249,6 @@ def standard_common(r: ConfigReader) -> CommonConfig:
                 f"hybrid softmax-attention layers (at layers {hybrid}) do not "
                 "run in a fixed-size state",
             )
-    attnres = r.get("attnres_block_size", None, "int?")
-    if attnres is not None:
-        r.refuse("attnres_block_size", attnres, "attention residuals are not implemented")
-    r.get("fuse_norm", True, "bool")  # fused or torch RMSNorm: the same function
-    return CommonConfig(r.family, hidden, layers, vocab, eps, int(inter))
 
 
 def parse_config(raw: Any, *, source: str) -> FlaConfig:

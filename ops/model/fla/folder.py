@@ -5,10 +5,10 @@
 
 A folder holds config.json (its model_type names the family), the weights as one
 model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
-tokenizer.json (a folder with only SentencePiece's tokenizer.model loads, and says what to add
-when its tokenizer is asked for).  Weights are read from safetensors only (PyTorch's pickle
-files are refused, never opened), one tensor at a time: memory-mapped from a local folder,
-read from a URL's (`tensor_files`).  compute_dtype picks the mode (`dense.Weights`): float32 (the
+tokenizer.json (a folder with only SentencePiece's tokenizer.model, or only RWKV's world
+vocabulary, loads, and says what to do when its tokenizer is asked for).  Weights are read from
+safetensors only (PyTorch's pickle files are refused, never opened), one tensor at a time:
+memory-mapped from a local folder, read from a URL's (`tensor_files`).  compute_dtype picks the mode (`dense.Weights`): float32 (the
 default) or float64 hold every weight in that dtype, bfloat16 holds the products' weights and
 the embedding in bfloat16 and computes in float32 (`bf16`); a tensor stored in the dtype it is
 held in stays mapped (a float32 folder in the float32 mode, a bfloat16 folder in the bfloat16
@@ -54,6 +54,8 @@ from .tensor_files import (
 )
 
 __all__ = ["expected_tensors", "folder_tokenizer", "load_model", "read_folder_config"]
+
+RWKV_WORLD_VOCAB = "rwkv_vocab_v20230424.txt"  # RWKV's "world" tokenizer's vocabulary file
 
 _log = logging.getLogger(__name__)
 _FINGERPRINT_TAG = b"linstream-fla-fingerprint-v1"
@@ -247,6 +249,12 @@ def _tokenizer(folder: FolderLocation, source: str) -> tuple[str | None, str | N
             '`python -c "from transformers import AutoTokenizer; '
             f"AutoTokenizer.from_pretrained('{source}').save_pretrained('{source}')\"` (needs "
             "transformers and sentencepiece)"
+        )
+    if folder.is_file(RWKV_WORLD_VOCAB):
+        return None, (  # its greedy longest match over bytes has no tokenizer.json form
+            f"{source}: only RWKV's world vocabulary {RWKV_WORLD_VOCAB}, no tokenizer.json: "
+            f"tokenize with `rwkv.rwkv_tokenizer.TRIE_TOKENIZER('{RWKV_WORLD_VOCAB}')` (pip "
+            "install rwkv) and give the ids as --input-format tokens-jsonl"
         )
     return None, f"{source}: no tokenizer.json in the folder"
 
