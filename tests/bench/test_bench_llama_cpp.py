@@ -25,9 +25,10 @@ thread, descheduled by the neighbours (256 tokens took 36 s on 2 threads and 4.6
 load average of 7; llama.cpp's spinning threads suffer less).  Read the load averages printed.
 
 Environment: LINSTREAM_LLAMA_PROMPT (tokens, default 2048), LINSTREAM_LLAMA_SIZE ("bench", or
-"tiny" for a smoke run), LINSTREAM_LLAMA_CACHE and LINSTREAM_LLAMA_BUILD_TIMEOUT
-(`helpers.llama_cpp`).  This CPU's flags decide llama.cpp's bf16 path: without AVX512-BF16
-its bf16 products are emulated; the table's header says which.
+"tiny" for a smoke run), LINSTREAM_LLAMA_REPS (llama-bench's repetitions, default 5),
+LINSTREAM_LLAMA_CACHE and LINSTREAM_LLAMA_BUILD_TIMEOUT (`helpers.llama_cpp`).  This CPU's
+flags decide llama.cpp's bf16 path: without AVX512-BF16 its bf16 products are emulated; the
+table's header says which.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ PROMPT = int(os.environ.get("LINSTREAM_LLAMA_PROMPT", "2048"))
 SIZE = os.environ.get("LINSTREAM_LLAMA_SIZE", "bench")
 THREADS = 2
 ROUNDS = 2
+REPETITIONS = int(os.environ.get("LINSTREAM_LLAMA_REPS", "5"))  # llama-bench's -r
 SEED = 7
 FAMILIES = ("rwkv7", "mamba2")
 AGREE_TOKENS = 128  # the agreement check's prompt (RWKV: one token per byte)
@@ -73,7 +75,8 @@ def run_llama_cpp(family: str, folder: str) -> dict[str, float]:
     llama = ensure_llama_cpp()
     out = {}
     for t in OUTTYPES:
-        [r] = run_llama_bench(llama, convert_to_gguf(llama, folder, t), (PROMPT,), THREADS)
+        gguf = convert_to_gguf(llama, folder, t)
+        [r] = run_llama_bench(llama, gguf, (PROMPT,), THREADS, repetitions=REPETITIONS)
         out[f"llama.cpp {t}"] = r.tok_s
     return out
 
