@@ -6,18 +6,18 @@
 A folder holds config.json (its model_type names the family), the weights as one
 model.safetensors or several shards listed by model.safetensors.index.json, and the tokenizer as
 tokenizer.json (a folder with only SentencePiece's tokenizer.model, or only RWKV's world
-vocabulary, loads, and says what to do when its tokenizer is asked for).  Weights are read from
+vocabulary, loads, and says what to do when its tokenizer is asked for). Weights are read from
 safetensors only (PyTorch's pickle files are refused, never opened), one tensor at a time:
-memory-mapped from a local folder, read from a URL's (`tensor_files`).  compute_dtype picks the mode (`dense.Weights`): float32 (the
-default) or float64 hold every weight in that dtype, bfloat16 holds the products' weights and
-the embedding in bfloat16 and computes in float32 (`bf16`); a tensor stored in the dtype it is
-held in stays mapped (a float32 folder in the float32 mode, a bfloat16 folder in the bfloat16
-mode: not copied), any other is converted once as its layer is read, so the load holds the
-runtime's weights plus one layer's converted tensors at most.  The output head (lm_head) is
-not read: the runtime gives hidden states.  Where the tensors are (their prefix,
-the embedding, the final norm, each layer's names and shapes) and how a layer becomes a block is
-the family's (`families.Family`; fla's layout and standard block by default); names and shapes
-are checked against the config before any tensor is read.
+memory-mapped from a local folder, read from a URL's (`tensor_files`). compute_dtype picks the
+mode (`dense.Weights`): float32 (the default) or float64 hold every weight in that dtype,
+bfloat16 holds the products' weights and the embedding in bfloat16 and computes in float32
+(`bf16`); a tensor stored in the dtype it is held in stays mapped (a float32 folder in the
+float32 mode, a bfloat16 folder in the bfloat16 mode: not copied), any other is converted once
+as its layer is read, so the load holds the runtime's weights plus one layer's converted tensors
+at most. The output head (lm_head) is not read: the runtime gives hidden states. Where the
+tensors are (their prefix, the embedding, the final norm, each layer's names and shapes) and how
+a layer becomes a block is the family's (`families.Family`; fla's layout and standard block by
+default); names and shapes are checked against the config before any tensor is read.
 """
 
 from __future__ import annotations
