@@ -115,7 +115,8 @@ def embed(
         in input order (``as_table=True`` names them).  Without it, dead letters raise
         `DeadLetterError` after every input has run (it holds the result and them).
     compute_dtype: as `linstream embed --compute-dtype` (float32 by default; "bfloat16" for a
-        checkpoint folder), for a model given by name or path (a loaded model keeps its own).
+        checkpoint folder), for a model given by name or path (with a loaded model: its own mode, or
+        ValueError).
     threads: as `linstream embed --threads`: the threads of the kernels (Numba) and of BLAS,
         and the model runtime's row split, in this process from this call on (process-wide,
         as `torch.set_num_threads`; `limit_threads`); None: as they are (every core).

@@ -342,6 +342,11 @@ def _portable_source(model: StreamingModel) -> str | bytes:
     return write_model_bytes(m.config, m.weights)
 
 
+def _mode_name(dtype: Any) -> str:
+    """A compute dtype's name as a model names its mode ("float32", "float64", "bfloat16")."""
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
 class EmbedStep(ChunkStep):
     """The embedding model over token ids [T] (int) or feature vectors [T, input_dim] (float).
 
@@ -354,11 +359,12 @@ class EmbedStep(ChunkStep):
     changed since the job was built.  `layer` (a model that gives every layer's output, as a
     checkpoint folder's does): emit hidden state N (0 the embeddings .. L the final norm, the
     default) instead.  `compute_dtype`: how a spec is loaded (float32 by default, float64, or
-    bfloat16 for a checkpoint folder); a loaded model keeps its own; the workers load the model
-    in that mode too.  Every entry point (the command line's job, `EmbedSequences`, `embed()`
-    and `Resumable`) loads its model here, or hands it over loaded: `preloaded`, the model
-    already loaded from the spec `model` in that mode (the job loads it once, where it checks
-    the output folder), so that it is not loaded again here.
+    bfloat16 for a checkpoint folder); the workers load the model in that mode too; with a
+    loaded model it must name the model's own mode (ValueError otherwise).  Every entry point
+    (the command line's job, `EmbedSequences`, `embed()` and `Resumable`) loads its model here,
+    or hands it over loaded: `preloaded`, the model already loaded from the spec `model` in that
+    mode (the job loads it once, where it checks the output folder), so that it is not loaded
+    again here.
     """
 
     def __init__(
@@ -391,6 +397,13 @@ class EmbedStep(ChunkStep):
         # a checkpoint folder's model names its mode (bfloat16 computes in float32)
         mode = getattr(loaded, "compute_mode", None)
         self.compute_dtype = str(mode or np.dtype(loaded.compute_dtype))
+        asked = None if compute_dtype is None else _mode_name(compute_dtype)
+        if asked is not None and asked != self.compute_dtype:
+            msg = (
+                f"compute_dtype {asked}: the model given was loaded in {self.compute_dtype} "
+                f"(give its path instead, or load it with compute_dtype={asked!r})"
+            )
+            raise ValueError(msg)
         self.fingerprint = str(loaded.fingerprint)
         # The built-in model's per-layer states are (S, z) pairs: the stage packs and stacks
         # them itself (`Working`); any other model's go through its stack/unstack_states.

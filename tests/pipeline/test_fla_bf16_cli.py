@@ -115,6 +115,29 @@ def test_a_model_without_a_bfloat16_mode_is_refused_in_one_line(tmp_path):
         embed("hello", "builtin:default", compute_dtype="bfloat16")
 
 
+def test_a_loaded_model_in_another_mode_is_refused_naming_both(tmp_path):
+    """`embed(text, loaded_model, compute_dtype=...)`: a loaded model computes in the mode it was
+    loaded in; asked for another, the call refuses naming both (it ran the model's own mode
+    without a word before), and asked for its own, it runs."""
+    from linstream.ops import load_model
+
+    folder = write_folder(tmp_path / "gla", {**TINY_CONFIGS["gla"], "vocab_size": 256}, seed=3)
+    ids = np.arange(1, 9, dtype=np.int32)
+    BYTES = "builtin:bytes"  # the folder has no tokenizer.json; ids need none, the call names one
+    model = load_model(str(folder))
+    with pytest.raises(
+        ValueError, match="compute_dtype bfloat16: the model given was loaded in float32"
+    ):
+        embed(ids, model, compute_dtype="bfloat16", tokenizer=BYTES)
+    bf16 = load_model(str(folder), compute_dtype="bfloat16")
+    with pytest.raises(
+        ValueError, match="compute_dtype float32: the model given was loaded in bfloat16"
+    ):
+        embed(ids, bf16, compute_dtype=np.float32, tokenizer=BYTES)
+    same = embed(ids, bf16, compute_dtype="bfloat16", tokenizer=BYTES)
+    assert np.array_equal(same, embed(ids, bf16, tokenizer=BYTES))
+
+
 def test_embed_and_resumable_give_the_command_lines_bfloat16_numbers(tmp_path, monkeypatch):
     """`embed(..., compute_dtype="bfloat16")` and `Resumable(..., compute_dtype="bfloat16")`
     give the rows `linstream embed --compute-dtype bfloat16` writes, bit for bit (the same
