@@ -166,6 +166,16 @@ def _log_threads() -> None:
         _log.info("threads: %d for the kernels (Numba), %d for BLAS", numba_threads, blas)
 
 
+def _beam_filesystems(beam_args: list[str] | tuple[str, ...]) -> None:
+    """Beam's filesystems configured from the job's Beam options (`--s3_endpoint_url`, the
+    credentials, ...), as the pipeline configures them when it is made: listing a URL's input
+    here, before the pipeline exists, needs them (Beam's S3 filesystem has no client without)."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    FileSystems.set_options(PipelineOptions(list(beam_args)))
+
+
 def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] = ()) -> Launch:
     """Run every check (the module docstring's order); the `Launch` the job is built from."""
     if config.threads is not None:  # first: Numba sizes its pool when a model first loads it
@@ -178,6 +188,8 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
     folder = check_output_folder(config)
     check_model_spec(config.model)
     wanted = None if config.streaming else config.input_config()
+    if wanted is not None and "://" in str(wanted.input):
+        _beam_filesystems(beam_args)
     files = None if wanted is None else input_files(wanted)
     _check_backend(config, runner_of(list(beam_args)))
     store = None

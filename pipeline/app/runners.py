@@ -2,7 +2,8 @@
 
     runner_of(beam_args)           the `--runner` named (the last one), else FnApiRunner
     is_local_runner(runner)        whether its workers run on this machine
-    check_beam_args(beam_args)     refuse what is neither a linstream option nor a Beam one
+    check_beam_args(beam_args)     refuse what is neither a linstream option nor a Beam one (on
+                                   the runners that run in this process)
     prism_args(beam_args)          `--prism_location` of a Prism the project fetched, if needed
 
 Beam's own option names are read from the source of its `pipeline_options` module (Python's
@@ -45,6 +46,8 @@ DEFAULT_LOCAL_RUNNER = "FnApiRunner"
 #: Runners whose workers run on this machine (a check of this machine's GPU holds for them, a
 #: stop kills them, and the kernels they compile are this machine's).
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "PrismRunner")
+#: The runners that run the pipeline in this Python process: every option they take is Beam's.
+IN_PROCESS_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner")
 
 
 def runner_of(beam_args: list[str]) -> str:
@@ -98,6 +101,11 @@ def check_beam_args(beam_args: list[str], own: list[str]) -> None:
     if (beam_args and beam_args[-1] == "--runner") or "--runner=" in beam_args:
         msg = "--runner needs a value (e.g. FnApiRunner, DataflowRunner)"
         raise UsageError(msg)
+    if runner_of(beam_args).rsplit(".", 1)[-1] not in IN_PROCESS_RUNNERS:
+        # A runner with a job server of its own (Flink, Spark, Prism, Dataflow, PortableRunner)
+        # defines options Beam's Python side does not (Flink's --number_of_execution_retries):
+        # Beam hands them on to it, and it checks them.
+        return
     beam = beam_option_names()
     known = set(own) | beam
     for arg in beam_args:
