@@ -202,9 +202,9 @@ print(json.dumps(peaks))
 
 
 def test_a_long_file_is_read_one_chunk_at_a_time(tmp_path, tiny_model_path):
-    """Memory stays bounded by a chunk, not by the file: the peak of what the call allocates is
-    the same for a 256 KiB and a 1 MiB file (read whole, the larger file's ids alone would add
-    4 MiB), and below the larger file's size.  Measured in a process of its own (seed 3):
+    """Memory stays bounded by a chunk, not by the file: the peak of what the call allocates
+    hardly moves from a 256 KiB to a 1 MiB file (read whole, the larger file's ids alone would add
+    4 MiB).  Measured in a process of its own (seed 3):
     tracemalloc counts every thread's allocations, and in the test process the Beam jobs of
     earlier tests leave threads that allocate while it measures."""
     import json
@@ -216,7 +216,10 @@ def test_a_long_file_is_read_one_chunk_at_a_time(tmp_path, tiny_model_path):
     assert done.returncode == 0, done.stderr
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"seed 3, peaks {peaks}")
-    assert peaks[1] < 1.25 * peaks[0] and peaks[1] < 1 << 20, peaks
+    # Read whole, the larger file's ids alone (4 bytes a token) would put its peak 4 MiB up, and
+    # 3 MiB above the smaller file's: half of each fails such a read.  (A ratio of the two peaks
+    # was not a bound: the chunk-sized peaks move by ~0.2 MB with the runtime's helper threads.)
+    assert peaks[1] - peaks[0] < 1.5 * (1 << 20) and peaks[1] < 2 << 20, peaks
 
 
 class _StopsAfter:
