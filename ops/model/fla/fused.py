@@ -1,5 +1,6 @@
-"""Fused Numba passes for the fla runtime's elementwise steps on [T, D] arrays (float32 or
-float64, any strides): one pass where NumPy's tanh form of the sigmoid takes four.
+"""Fused Numba passes for the fla runtime's elementwise and per-row steps (activations, norms,
+gates) on [T, D] arrays (float32 or float64): one pass where NumPy takes several (its tanh form
+of the sigmoid alone takes four).
 
     swiglu(gate, up)      silu(gate) · up, a new C-contiguous array
     silu(x)               x · sigmoid(x), a new C-contiguous array
