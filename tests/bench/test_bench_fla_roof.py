@@ -9,7 +9,9 @@ against it, and a mapped load's time and memory.
         -m bench -s -p no:randomly          # a smoke run: tiny models, proves it runs
 
 Each (family, mode) runs in a fresh process on the same random bfloat16 folder (~110M
-parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 threads:
+parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them; RWKV-7 ~190M and
+Mamba-2 ~130M built with fla's and transformers' own classes, `helpers.rwkv_mamba_models`),
+2 threads:
 
 - tokens/s: ROUNDS rounds, each one CHUNK-token chunk then CHUNK tokens in SMALL-token chunks,
   both carrying their own state, after a warm-up of each (Numba's compilation); the small/large
@@ -23,7 +25,13 @@ parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 th
   and activations, layout copies, other).
 - fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
   carrying its cache, cold and warm (see test_bench_fla.py); its first chunk's hidden states are
-  the reference for each mode's error (rms of the difference over the rms of fla's).
+  the reference for each mode's error (rms of the difference over the rms of fla's).  RWKV-7 and
+  Mamba-2: their own classes' CPU forward (`run_own_class`), two whole-sequence calls of the
+  first chunk (cold, warm).
+- `linstream embed` against the loop (`test_bench_embed_against_the_loop`): the command on the
+  GLA folder and the runtime's own loop over the same tokens and chunks (2,048 and 64), each in
+  a fresh process; the ratio of their tokens/s, asserted at the bench size (≥ 0.95 and ≥ 0.8).
+  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence (two sequences).
 - the mapped load (`test_bench_mapped_load`): a ~1.3B GLA folder in bfloat16 loaded in the
   bfloat16 mode in a fresh process: seconds, the weights as held, the growth of the process's
   high-water mark and of its anonymous memory (a mapped load adds file pages, not copies).
@@ -31,7 +39,7 @@ parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 th
 On a CPU without bfloat16 matrix instructions (AVX512_BF16, AMX-BF16) the bfloat16 mode widens
 its weights per product: about the float32 mode's speed with half the weights' memory; the table
 says which engine ran.  Nothing is asserted about speed but the small-chunk ratio (≥ 0.5 at the
-bench size); the figures go to docs/benchmarks.md.
+bench size) and the command against the loop; the figures go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
