@@ -2,7 +2,8 @@
 it: a second `linstream embed` process appending rows in the other mode to a bfloat16 job's
 output is refused in one line naming both modes (nothing written); a job resuming its
 checkpoints in the other mode continues (the checkpoints' promise, tests/pipeline/
-test_fla_bf16_cli.py) and the record then lists both modes.  (Appending in the same mode:
+test_fla_bf16_cli.py) and the record then lists both modes.  The Python API's `embed()` Tables
+carry the mode in their schema metadata.  (Appending in the same mode:
 tests/pipeline/test_second_run.py, whose jobs now record their mode too.)"""
 
 from __future__ import annotations
@@ -73,3 +74,13 @@ def test_another_mode_is_refused_naming_both_unless_it_resumes(tmp_path):
     after = output_contents(str(out))
     assert len(after.result_files) > len(files) and not after.dead_letter_files
     assert read_record(str(out)).compute_dtypes == ("bfloat16", "float32")
+
+
+def test_embed_tables_carry_their_compute_dtype(tmp_path):
+    from linstream.pipeline import embed
+
+    folder = write_folder(tmp_path / "gla", {**TINY_CONFIGS["gla"], "vocab_size": 256}, seed=3)
+    ids = np.arange(1, 20, dtype=np.int32)
+    for mode in ("float32", "bfloat16"):
+        table = embed(ids, str(folder), emit="mean", compute_dtype=mode, tokenizer="builtin:bytes")
+        assert table.schema.metadata[b"linstream.compute_dtype"] == mode.encode(), mode
