@@ -38,13 +38,10 @@ from linstream.ops.decay.numba import LOG_GATE_FLOOR
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
 
+from .constants import DEFAULT_SSD_CHUNK
 from .steps import time_steps
 
 __all__ = ["DEFAULT_SSD_CHUNK", "ssd_chunks"]
-
-# Chunk length: a chunk costs n·P multiply-adds a token for M @ X beside the 2·N·P of the
-# state's two products, and each product is a BLAS call on small matrices.
-DEFAULT_SSD_CHUNK = 64
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
