@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FACTOR", "U32", "case", "reference", "streamed", "tolerances", "unit", "worst"]
+__all__ = ["FACTOR", "U32", "bounds_of", "case", "reference", "scan_errors", "streamed",
+           "tolerances", "unit", "worst"]  # fmt: skip
 
 FACTOR = 8
 U32 = float(np.finfo(np.float32).eps) / 2
@@ -94,15 +95,27 @@ def worst(a: Any, b: Any) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - b), initial=0.0))
 
 
-def tolerances(kw: dict, limit: Any, cdt: Any, sdt: Any) -> dict[str, Any]:
-    """The float64 reference (y64, s64) and the derived bounds (tol, tol_s) for a kernel run in
-    compute dtype cdt with a state in sdt (see the module docstring)."""
+def scan_errors(kw: dict, limit: Any) -> dict[str, Any]:
+    """transformers' scan on the case: its float64 run (y64, s64) and its float32 run's worst
+    errors against that (e32 on y, e32s on the state)."""
     import torch
 
     y64, s64 = reference(kw, limit, torch.float64)
     y32, s32 = reference(kw, limit, torch.float32)
+    return {"y64": y64, "s64": s64, "e32": max(worst(y32, y64), 1e-300),
+            "e32s": max(worst(s32, s64), 1e-300)}  # fmt: skip
+
+
+def bounds_of(scan: dict[str, Any], cdt: Any, sdt: Any) -> tuple[float, float]:
+    """The derived bounds (on y, on the state) for a kernel run in compute dtype cdt with a
+    state in sdt, from `scan_errors` (see the module docstring)."""
     u = max(unit(cdt), unit(sdt))
-    e32 = max(worst(y32, y64), 1e-300)
-    e32s = max(worst(s32, s64), 1e-300)
-    return {"y64": y64, "s64": s64, "tol": FACTOR * e32 * u / U32,
-            "tol_s": FACTOR * e32s * u / U32}  # fmt: skip
+    return FACTOR * scan["e32"] * u / U32, FACTOR * scan["e32s"] * u / U32
+
+
+def tolerances(kw: dict, limit: Any, cdt: Any, sdt: Any) -> dict[str, Any]:
+    """The float64 reference (y64, s64) and the derived bounds (tol, tol_s) for a kernel run in
+    compute dtype cdt with a state in sdt (see the module docstring)."""
+    scan = scan_errors(kw, limit)
+    tol, tol_s = bounds_of(scan, cdt, sdt)
+    return {"y64": scan["y64"], "s64": scan["s64"], "tol": tol, "tol_s": tol_s}
