@@ -159,3 +159,15 @@ def test_mixed_input_dtypes_are_refused_in_one_line():
     with pytest.raises(TypeError, match="must share one dtype, got q float32, k float64, v"):
         dplr_chunks(z, z.astype(np.float64), z, z, z, z, np.zeros((1, 2, 2)),
                     launcher=EmuLauncher())  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtypes", ["f32-state64", "f64-state64"])
+def test_rwkv7_head_shape(dtypes):
+    """RWKV-7's head shape (d_k = d_v = 64: four value tiles) at chunks of 64 (172 KiB of shared
+    memory in float32, opted into; float64 runs shorter chunks on the 227 KiB of an H200)."""
+    cdt, sdt = DTYPES[dtypes]
+    rng = np.random.default_rng(31)
+    print(f"seed=31 T=150 H=2 dk=dv=64 C=64 {dtypes}")
+    x = tuple(np.asarray(y, cdt).astype(np.float64) for y in inputs(rng, 150, 2, 64, 64))
+    check(x, np.asarray(rng.standard_normal((2, 64, 64)), sdt), [0, 90, 150], 64, cdt, sdt)

@@ -161,3 +161,14 @@ def test_mixed_input_dtypes_and_groups_are_refused_in_one_line():
     ):
         ssd_chunks(x3, np.zeros((4, 3)), -np.ones(3), b2, b2, None, np.zeros((3, 4, 4)),
                    launcher=EmuLauncher())  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtypes", ["f32-state64", "f64-state64"])
+def test_mamba2_head_shape(dtypes):
+    """Mamba-2 130M's head shape (P = 64: four row tiles; N = 128: 95 KiB of shared memory at
+    C = 64 in float32, 190 KiB in float64, both opted into), 2 heads of one group."""
+    cdt, sdt = DTYPES[dtypes]
+    kw = case(np.random.default_rng(30), 150, 1, 2, 64, 128)
+    print(f"seed=30 T=150 H=2 P=64 N=128 C=64 {dtypes}")
+    check(kw, INF, [0, 100, 150], cdt, sdt, 64)
