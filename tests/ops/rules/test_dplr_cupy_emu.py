@@ -171,3 +171,38 @@ def test_rwkv7_head_shape(dtypes):
     print(f"seed=31 T=150 H=2 dk=dv=64 C=64 {dtypes}")
     x = tuple(np.asarray(y, cdt).astype(np.float64) for y in inputs(rng, 150, 2, 64, 64))
     check(x, np.asarray(rng.standard_normal((2, 64, 64)), sdt), [0, 90, 150], 64, cdt, sdt)
+
+
+BROKEN = {  # name: (text in the kernel's source, its broken replacement)
+    "no barrier between R and U": (
+        "            su[i * TILE + r] = acc + st;\n        }\n        __syncthreads();",
+        "            su[i * TILE + r] = acc + st;\n        }\n",
+    ),
+    "forward substitution skips the chunk's first token": (
+        "for (int j = 0; j < i; ++j) acc += sab",
+        "for (int j = 1; j < i; ++j) acc += sab",
+    ),
+    "the first token's decay left out of the state": (
+        "exp(sgf[p] + sg[(n - 1) * DK + p])",
+        "exp(sg[(n - 1) * DK + p])",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_a_broken_kernel_is_caught(name):
+    """The check every case above runs passes on the real source and fails on each broken
+    variant (a missing barrier by the two orders, wrong math by the reference)."""
+    old, new = BROKEN[name]
+    assert old in dk_.dplr_source("float32", "float32", "float64")
+
+    def mutate(source: str) -> str:
+        return source.replace(old, new)
+
+    rng = np.random.default_rng(40)
+    x = tuple(np.asarray(y, np.float32).astype(np.float64) for y in inputs(rng, 70, 2, 8, 20))
+    s0 = rng.standard_normal((2, 8, 20))
+    check(x, s0, [0, 30, 70], 16, np.float32, np.float64)
+    with pytest.raises(AssertionError) as caught:
+        check(x, s0, [0, 30, 70], 16, np.float32, np.float64, mutate=mutate)
+    print(f"{name}: {str(caught.value).splitlines()[0]}")

@@ -172,3 +172,33 @@ def test_mamba2_head_shape(dtypes):
     kw = case(np.random.default_rng(30), 150, 1, 2, 64, 128)
     print(f"seed=30 T=150 H=2 P=64 N=128 C=64 {dtypes}")
     check(kw, INF, [0, 100, 150], cdt, sdt, 64)
+
+
+BROKEN = {  # name: (text in the kernel's source, its broken replacement)
+    "no barrier between the decays and M": (
+        "        __syncthreads();\n        // 3. M",
+        "        // 3. M",
+    ),
+    "segment sums one token short": (
+        "sm[i * C + j] = REXP((real_t)acc) * (real_t)sst[j];\n                acc += sla[j];",
+        "acc += sla[j];\n                sm[i * C + j] = REXP((real_t)acc) * (real_t)sst[j];",
+    ),
+    "the first token's decay left out of the state": ("exp(la0 + sgs[n - 1])", "exp(sgs[n - 1])"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_a_broken_kernel_is_caught(name):
+    """The check every case above runs passes on the real source and fails on each broken
+    variant (a missing barrier by the two orders, wrong math by the reference)."""
+    old, new = BROKEN[name]
+    assert old in sk.ssd_source("float32", "float32", "float64")
+
+    def mutate(source: str) -> str:
+        return source.replace(old, new)
+
+    kw = case(np.random.default_rng(40), 70, 1, 2, 8, 16)
+    check(kw, INF, [0, 30, 70], np.float32, np.float64, 16)
+    with pytest.raises(AssertionError) as caught:
+        check(kw, INF, [0, 30, 70], np.float32, np.float64, 16, mutate=mutate)
+    print(f"{name}: {str(caught.value).splitlines()[0]}")
