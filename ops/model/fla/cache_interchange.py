@@ -127,7 +127,7 @@ def _describe(layer: Mapping[str, Any]) -> str:
     parts = []
     for key in ("recurrent_state", "conv_state", "ffn_state", "attn_state"):
         v = layer.get(key)
-        if v is None:
+        if v is None or (isinstance(v, list | tuple) and not v):
             continue
         if isinstance(v, list | tuple):
             shapes = [list(getattr(t, "shape", ())) for t in v]
