@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fla", reason="flash-linear-attention is a test extra (make test installs it)")
 
 from helpers.fla_oracle import build_and_save, patch_fla_for_cpu, tiny_configs  # noqa: E402
+from helpers.streaming import worst  # noqa: E402
 from linstream.ops.model.fla import (  # noqa: E402
     FLA_CACHE_FAMILIES,
     from_fla_cache,
@@ -107,11 +108,6 @@ def fla_run(model, ids, cache=None):
         cache = out.past_key_values
         pieces.append([h[0].numpy() for h in out.hidden_states])
     return [np.concatenate(p) for p in zip(*pieces, strict=True)], cache
-
-
-def worst(hs, ref) -> float:
-    assert len(hs) == len(ref)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(hs, ref, strict=True))
 
 
 def errors(folder, fla_model, lin, ids):
