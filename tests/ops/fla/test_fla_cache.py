@@ -51,11 +51,15 @@ T = 40  # tokens: the prefix and the continuation are drawn from SEED per family
 FACTOR = 8  # see the module docstring
 STANDARD = ["gla", "retnet", "delta_net", "gated_deltanet", "hgrn2"]
 FAMILIES = [*STANDARD, "rwkv7", "mamba2"]
+#: the oracle's other tiny configs (grouped key/value heads, grouped values, no convs, other
+#: feature maps and gates): slow, `make slow` runs them
+VARIANTS = [name for name in tiny_configs() if name not in FAMILIES]
+MODELS = [*FAMILIES, *(pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS)]
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    """family -> (folder, fla's float32 model, linstream float32 model, ids, cut), on first use."""
+    """name -> (folder, fla's float32 model, linstream float32 model, ids, cut), on first use."""
     root = tmp_path_factory.mktemp("fla_cache_models")
     built: dict = {}
 
@@ -78,7 +82,7 @@ def zoo(tmp_path_factory):
                 folder = build_and_save(family, tiny_configs()[family], root, seed=SEED)
                 fla_model = _fla_from(folder)
             lin = load_model(folder)
-            rng = np.random.default_rng([SEED, FAMILIES.index(family)])
+            rng = np.random.default_rng([SEED, [*FAMILIES, *VARIANTS].index(family)])
             ids = rng.integers(0, lin.config.common.vocab_size, T)
             cut = int(rng.integers(5, T - 5))
             print(f"family={family} seed={SEED} cut={cut}")
@@ -118,7 +122,7 @@ def errors(folder, fla_model, lin, ids):
     return r_fla, r_lin, worst(r_fla, exact), worst(r_lin, exact)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", MODELS)
 def test_linstream_prefix_continues_in_fla(zoo, family):
     folder, fla_model, lin, ids, cut = zoo(family)
     r_fla, _, e_fla, e_lin = errors(folder, fla_model, lin, ids)
@@ -135,7 +139,7 @@ def test_linstream_prefix_continues_in_fla(zoo, family):
     assert worst(fresh, [r[cut:] for r in r_fla]) > 100 * tol  # the state carries the prefix
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", MODELS)
 def test_fla_prefix_continues_in_linstream(zoo, family):
     folder, fla_model, lin, ids, cut = zoo(family)
     _, r_lin, e_fla, e_lin = errors(folder, fla_model, lin, ids)
@@ -151,7 +155,7 @@ def test_fla_prefix_continues_in_linstream(zoo, family):
     assert worst(fresh, [r[cut:] for r in r_lin]) > 100 * tol
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", MODELS)
 def test_round_trips_are_exact(zoo, family):
     _, fla_model, lin, ids, cut = zoo(family)
     for dtype in (np.float64, np.float32):
