@@ -29,6 +29,7 @@ tolerance, so the state is what is being tested.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -114,12 +115,19 @@ def fla_run(model, ids, cache=None):
     return [np.concatenate(p) for p in zip(*pieces, strict=True)], cache
 
 
+_ERRORS: dict = {}
+
+
 def errors(folder, fla_model, lin, ids):
-    """(fla's float32 whole run, linstream's, e_fla, e_lin): see the module docstring."""
-    exact, _ = load_model(folder, compute_dtype=np.float64).hidden_states(ids, None)
-    r_fla, _ = fla_run(fla_model, ids)
-    r_lin, _ = lin.hidden_states(ids, None)
-    return r_fla, r_lin, worst(r_fla, exact), worst(r_lin, exact)
+    """(fla's float32 whole run, linstream's, e_fla, e_lin): see the module docstring.  Once per
+    model folder (the runs are deterministic)."""
+    key = str(folder)
+    if key not in _ERRORS:
+        exact, _ = load_model(folder, compute_dtype=np.float64).hidden_states(ids, None)
+        r_fla, _ = fla_run(fla_model, ids)
+        r_lin, _ = lin.hidden_states(ids, None)
+        _ERRORS[key] = (r_fla, r_lin, worst(r_fla, exact), worst(r_lin, exact))
+    return _ERRORS[key]
 
 
 @pytest.mark.parametrize("family", MODELS)
@@ -246,3 +254,35 @@ def test_without_fla_one_line(zoo, monkeypatch):
 
 def test_the_oracle_is_patched():
     assert patch_fla_for_cpu()  # fla's Triton launches would raise: the CPU references run
+
+
+@pytest.mark.parametrize(
+    "family", ["gla", *(pytest.param(f, marks=pytest.mark.slow) for f in ("rwkv7", "mamba2"))]
+)
+def test_a_checkpointed_sequence_continues_in_fla(zoo, family, tmp_path):
+    """The user's path: the embed stage commits a sequence's state (CPU workers, float64 state);
+    its committed state, read back from the checkpoint folder, continues in fla as the whole
+    sequence would have (tolerance as in test_linstream_prefix_continues_in_fla)."""
+    from helpers.stage_runs import run_stage
+    from linstream.pipeline import Chunk, EmbedSequences
+    from linstream.state import CheckpointStore
+
+    folder, fla_model, lin, ids, cut = zoo(family)
+    r_fla, _, e_fla, e_lin = errors(folder, fla_model, lin, ids)
+    bounds = [0, cut // 3, cut]
+    chunks = [
+        Chunk("s", i, ids[a:b].astype(np.int32), final=False)
+        for i, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+    ckpt = str(tmp_path / "ckpt")
+    run = run_stage(chunks, EmbedSequences(str(folder), checkpoint_dir=ckpt, checkpoint_every=1))
+    assert not run.dead, run.dead
+    st = CheckpointStore(ckpt).restore("s", fingerprint=lin.fingerprint)
+    assert st is not None and st.position == cut and st.dtype == np.float64
+    states = lin.unstack_states(st.tensors, st.position)
+    cache = to_fla_cache(lin, states, position=st.position, dtype=torch.float32)
+    got, _ = fla_run(fla_model, ids[cut:], cache)
+    tol = e_fla + FACTOR * max(e_fla, e_lin)
+    err = worst(got, [r[cut:] for r in r_fla])
+    print(f"error {err:.3g}, tolerance {tol:.3g} (e_fla {e_fla:.3g}, e_lin {e_lin:.3g})")
+    assert err <= tol
