@@ -74,7 +74,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as ex:  # pragma: no cover - torch comes with the fla extra
-        msg = "fla's cache needs PyTorch and flash-linear-attention: pip install 'linstream[fla]'"
+        msg = "fla's cache needs PyTorch and flash-linear-attention 0.6.0: pip install torch"
         raise ImportError(msg) from ex
     return torch
 
