@@ -63,7 +63,9 @@ class CheckpointStore:
     """Commits and restores sequence states under ``root`` (local path or fsspec URL).
 
     keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
-    fallback.  rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
+    fallback.  keep_every_tokens: N > 0 keeps besides them the first commit at or past each
+    multiple of N tokens (positions a sequence can be rewound to: ``Retention``).
+    rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
     magnitude (default 1e-5 for float64 states, 1e-3 for float32: a retried bundle may run its
     float32 chunk math with other SIMD widths).  clock: seconds since the
     epoch, injected for tests of ``gc``.  background_prune: delete commits beyond ``keep`` in a
@@ -92,6 +94,7 @@ class CheckpointStore:
         clock: Callable[[], float] = time.time,
         background_prune: bool = True,
         sync_batch: int = 0,
+        keep_every_tokens: int = 0,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
@@ -105,7 +108,9 @@ class CheckpointStore:
         #: How many commits ended in each outcome, and how many restores fell back.
         self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
         self.folders = StoreFolders(open_storage(root), sync_batch=sync_batch)
-        self.retention = Retention(self.folders, keep, background=background_prune)
+        self.retention = Retention(
+            self.folders, keep, background=background_prune, keep_every_tokens=keep_every_tokens
+        )
         self.restorer = Restorer(self.folders, self.counters)
         self.committer = Committer(
             self.folders, self.restorer, self.retention, self.counters, rtol=rtol
@@ -113,7 +118,9 @@ class CheckpointStore:
         self.listing = Listing(self.folders, self.restorer, self.retention, clock)
 
     def __repr__(self) -> str:
-        return f"CheckpointStore({self.root!r}, keep={self.keep})"
+        every = self.retention.keep_every_tokens
+        more = f", keep_every_tokens={every}" if every else ""
+        return f"CheckpointStore({self.root!r}, keep={self.keep}{more})"
 
     @property
     def sync_batch(self) -> int:
