@@ -247,7 +247,10 @@ def _check_meta(meta: dict[str, str], path: str) -> tuple[Layout, str]:
         layout = layout_from_json(meta["layout"].encode("utf-8"))
         check_layout(layout)
     except ValueError as ex:
-        line = f"state file {path}: its layout metadata is refused: {ex}"
+        line = (
+            f"state file {path}: expected layout metadata [[name, [shape...]], ...] as "
+            f"linstream writes it, found one refused ({ex})"
+        )
         raise StateFileError(line) from None
     return layout, dtype
 
