@@ -191,3 +191,48 @@ def test_bad_state_files_are_one_line_on_the_command_line_and_the_same_in_python
         assert str(info.value).startswith(f"state file {bad}: expected")
         if bad == foreign:
             assert "another model or architecture" in str(info.value)
+
+
+def test_a_sequence_with_a_commit_resumes_from_it_and_the_file_is_said_unused_once(
+    tmp_path, tiny_model_path, caplog
+):
+    toks = _tokens(48, SEED)
+    ckpt, whole = _store_with_a(tmp_path, tiny_model_path, toks)
+    out = tmp_path / "at16.safetensors"
+    assert (
+        linstream(
+            "state", "export", ckpt, "--seq", "a", "--position", "16", "--out", out
+        ).returncode
+        == 0
+    )
+    job = Resumable(
+        ckpt, tiny_model_path, emit="tokens", chunk_tokens=CHUNK, tokenizer=TOK, initial_state=out
+    )
+    with caplog.at_level("WARNING"):
+        got, dead = job.embed({"a": toks, "n": toks[16:]}, as_table=True, return_dead_letters=True)
+    assert dead == [] and _rows(got, "a") == []  # a's commit holds every chunk: all skipped
+    expect = [{**r, "seq_id": "n", "chunk_index": r["chunk_index"] - 2} for r in whole[2:]]
+    _same(_rows(got, "n"), expect)  # n has no commit: it starts from the file
+    said = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+    assert said == [
+        f"sequence 'a' resumes from its commit at position 48; its --initial-state {out} is "
+        "not used (nor for any other sequence that has a commit)"
+    ]
+
+
+def test_emit_sequence_with_an_initial_state_is_refused_in_python_and_on_the_command_line(
+    tmp_path, tiny_model_path
+):
+    toks = _tokens(48, SEED)
+    ckpt, _ = _store_with_a(tmp_path, tiny_model_path, toks)
+    out = tmp_path / "s.safetensors"
+    assert linstream("state", "export", ckpt, "--seq", "a", "--out", out).returncode == 0
+    with pytest.raises(ValueError, match="emit 'sequence'") as info:
+        embed(["x"], tiny_model_path, initial_state=out)  # emit="sequence" is embed()'s default
+    (tmp_path / "in.txt").write_text("text")
+    proc = linstream(
+        "embed", "--input", tmp_path / "in.txt", "--output", tmp_path / "o",
+        "--model", tiny_model_path, "--emit", "sequence", "--initial-state", out,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert one_error_line(proc) == f"linstream embed: error: --initial-state: {info.value}"
