@@ -103,10 +103,10 @@ def add_fork_parsers(sub: Any) -> None:
     rewind.set_defaults(func=cmd_rewind)
 
 
-def _fail(prog: str, ex: BaseException) -> int:
+def _fail(prog: str, ex: BaseException, code: int = 1) -> int:
     text = str(ex).splitlines()[0] if str(ex) else type(ex).__name__
     print(f"linstream {prog}: {text}", file=sys.stderr)
-    return 1
+    return code
 
 
 def _store(root: str) -> Any:
@@ -134,9 +134,9 @@ def cmd_export(args: argparse.Namespace, out: TextIO | None = None) -> int:
     prog = "state export"
     if args.json:
         if args.out or args.seq is not None or args.position is not None:
-            return _fail(prog, ValueError("--json lists the store; it takes no --seq/--out"))
+            return _fail(prog, ValueError("--json lists the store; it takes no --seq/--out"), 2)
     elif not args.out or args.seq is None:
-        return _fail(prog, ValueError("expected --seq ID and --out FILE (or --json)"))
+        return _fail(prog, ValueError("expected --seq ID and --out FILE (or --json)"), 2)
     try:
         store = _store(args.root)
         if args.json:
