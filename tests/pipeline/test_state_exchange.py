@@ -84,6 +84,12 @@ def test_export_at_a_position_then_import_continues_bit_for_bit(tmp_path, model)
     (rec,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert rec["seq_id"] == "a" and rec["positions"] == [16, 32, 40, 48]
     out = tmp_path / "at16.safetensors"
+    missed = linstream("state", "export", ckpt, "--seq", "a", "--position", "24", "--out", out)
+    assert missed.returncode == 1 and not out.exists()
+    assert one_error_line(missed) == (
+        "linstream state export: sequence 'a': expected a retained position, received 24; the "
+        "store keeps positions 16, 32, 40, 48 (keep more with --keep-every-tokens)"
+    )
     done = linstream("state", "export", ckpt, "--seq", "a", "--position", "16", "--out", out)
     assert done.returncode == 0, done.stderr
     assert "position 16" in done.stdout and out.stat().st_size > 0
@@ -112,17 +118,6 @@ def test_export_at_a_position_then_import_continues_bit_for_bit(tmp_path, model)
     _same(_rows(every, "d"), [{**r, "seq_id": "d"} for r in expect])
 
 
-def test_export_of_a_position_not_retained_lists_the_retained_ones(tmp_path, model):
-    ckpt, _ = _store_with_a(tmp_path, model, _tokens(48, SEED))
-    proc = linstream("state", "export", ckpt, "--seq", "a", "--position", "24", "--out", "x")
-    assert proc.returncode == 1
-    assert one_error_line(proc) == (
-        "linstream state export: sequence 'a': expected a retained position, received 24; the "
-        "store keeps positions 16, 32, 40, 48 (keep more with --keep-every-tokens)"
-    )
-    assert not (tmp_path / "x").exists()
-
-
 def test_a_fork_equals_the_prefix_and_the_new_text_in_one_run(tmp_path, model):
     toks, new = _tokens(48, SEED), _tokens(20, SEED + 1)
     ckpt, _ = _store_with_a(tmp_path, model, toks)
@@ -137,6 +132,15 @@ def test_a_fork_equals_the_prefix_and_the_new_text_in_one_run(tmp_path, model):
         {"f": inp}, model, emit="tokens", chunk_tokens=CHUNK, tokenizer=TOK, as_table=True
     )
     _same(_rows(got, "f"), _rows(one_run, "f")[2:])
+    # A fork is checked like a resume: another prefix than the one its commit covers is named
+    other = linstream("checkpoint", "fork", ckpt, "--seq", "a", "--as", "g", "--position", "16")
+    assert other.returncode == 0, other.stderr
+    changed = np.concatenate([new[:16], new])
+    _, dead = job.embed({"g": changed}, as_table=True, return_dead_letters=True)
+    assert {(d.seq_id, d.chunk_index, d.reason) for d in dead} == {
+        ("g", 0, "conflicting_duplicate"),
+        ("g", 1, "conflicting_duplicate"),
+    }
 
 
 def test_a_rewound_sequence_equals_a_fresh_run_to_the_position_and_the_new_chunks(tmp_path, model):
@@ -161,16 +165,13 @@ def test_bad_state_files_are_one_line_on_the_command_line_and_the_same_in_python
 
     other = write_tiny_model(str(tmp_path / "other.safetensors"), seed=1)
     foreign = tmp_path / "foreign.safetensors"
-    embed({"p": _tokens(16, 3)}, other, emit="mean", chunk_tokens=CHUNK)  # loads fine
     ckpt = str(tmp_path / "c")
     Resumable(ckpt, other, emit="mean", chunk_tokens=CHUNK).embed({"p": _tokens(16, 3)})
     assert linstream("state", "export", ckpt, "--seq", "p", "--out", foreign).returncode == 0
-    truncated = tmp_path / "truncated.safetensors"
-    truncated.write_bytes(foreign.read_bytes()[:-50])
-    text = tmp_path / "notes.safetensors"
+    text = tmp_path / "notes.safetensors"  # other refusals: tests/state/test_exchange.py
     text.write_text("not a state\n")
     (tmp_path / "in.txt").write_text("some text to embed")
-    for bad in (foreign, truncated, text):
+    for bad in (foreign, text):
         with pytest.raises(StateFileError) as info:
             embed(["x"], tiny_model_path, emit="mean", initial_state=bad)
         proc = linstream(
