@@ -8,7 +8,8 @@ applies it, and then every buffered chunk right behind it, in batches bounded in
 commit is made every ``checkpoint_every`` chunks and at the final chunk (with the output span it
 finalizes when ``output_dir`` is set).  When a sequence goes idle it dead-letters the chunks
 still waiting behind a gap, commits what is uncommitted and clears the key's state; the sequence
-is restored from the store when it returns.
+is restored from the store when it returns.  A sequence that has no commit starts from the
+state file the job names for it (`--initial-state`: initial_states.py), else the zero state.
 
 It yields plain values, `ChunkResult`s and `DeadLetter`s, reads and writes the key's state
 through `StateCells` (cells.py: one packed cell and two bags) and sets the idle timer through
