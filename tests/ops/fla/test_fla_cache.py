@@ -261,11 +261,12 @@ def test_the_oracle_is_patched():
 )
 def test_a_checkpointed_sequence_continues_in_fla(zoo, family, tmp_path):
     """The user's path: the embed stage commits a sequence's state (CPU workers, float64 state);
-    its committed state, read back from the checkpoint folder, continues in fla as the whole
-    sequence would have (tolerance as in test_linstream_prefix_continues_in_fla)."""
+    `linstream state export` writes it to a file, and the file's state continues in fla as the
+    whole sequence would have (tolerance as in test_linstream_prefix_continues_in_fla)."""
+    from helpers.cli import linstream
     from helpers.stage_runs import run_stage
     from linstream.pipeline import Chunk, EmbedSequences
-    from linstream.state import CheckpointStore
+    from linstream.state.exchange import read_state_file
 
     folder, fla_model, lin, ids, cut = zoo(family)
     r_fla, _, e_fla, e_lin = errors(folder, fla_model, lin, ids)
@@ -277,8 +278,11 @@ def test_a_checkpointed_sequence_continues_in_fla(zoo, family, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     run = run_stage(chunks, EmbedSequences(str(folder), checkpoint_dir=ckpt, checkpoint_every=1))
     assert not run.dead, run.dead
-    st = CheckpointStore(ckpt).restore("s", fingerprint=lin.fingerprint)
-    assert st is not None and st.position == cut and st.dtype == np.float64
+    out = tmp_path / "s.safetensors"
+    done = linstream("state", "export", ckpt, "--seq", "s", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    st = read_state_file(str(out))
+    assert st.position == cut and st.dtype == np.float64 and st.fingerprint == lin.fingerprint
     states = lin.unstack_states(st.tensors, st.position)
     cache = to_fla_cache(lin, states, position=st.position, dtype=torch.float32)
     got, _ = fla_run(fla_model, ids[cut:], cache)
