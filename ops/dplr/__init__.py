@@ -7,4 +7,5 @@ state S [H, d_k, d_v] key-major, as fla's `dplr_recurrence` keeps it).
 
     naive    the float64 reference, token by token (`dplr_recurrent`)
     numba    the chunkwise CPU kernel (WY / UT-transform form, `dplr_chunks`)
+    cupy     the same kernel on a CUDA device (`dplr_chunks`, source in cupy_kernels)
 """

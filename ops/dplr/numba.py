@@ -46,12 +46,9 @@ from linstream.ops.decay.numba import LOG_GATE_FLOOR
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
 
-__all__ = ["DEFAULT_DPLR_CHUNK", "SPAN", "dplr_chunks"]
+from .constants import DEFAULT_DPLR_CHUNK, SPAN
 
-# Chunk length (tests/bench/test_bench_dplr.py measures 16, 32 and 64 at RWKV-7 191M's shape).
-DEFAULT_DPLR_CHUNK = 32
-#: The most the decays inside a chunk (after its first token) may sum to, by compute dtype.
-SPAN = {np.dtype(np.float32): 40.0, np.dtype(np.float64): 300.0}
+__all__ = ["DEFAULT_DPLR_CHUNK", "SPAN", "dplr_chunks"]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

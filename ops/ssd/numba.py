@@ -17,11 +17,14 @@ The chunks are C tokens long, the same for every head, unless a token holds an I
 x, B, C or time step: such a token only ever starts a chunk, so it never reaches the outputs of
 earlier tokens (a masked zero times Inf is NaN).  The log decays are floored at LOG_GATE_FLOOR
 (e^-1000 is 0 in float64; an infinite step then erases the state instead of making it NaN), and
-the chunk's first one is kept out of the prefix sums, as in the decaying rules' kernel
+the chunk's first one is kept out of the sums, as in the decaying rules' kernel
 (`linstream.ops.decay.numba`).  Unlike there, a chunk does not end at a decay that erases the
-state (the heads share their chunks, and their decays differ): the differences G_i − G_j of a
-chunk's float64 prefix sums are then off by up to C·|log decay|·2^-53 (3·10^-12 at C = 64 with
-every decay at e^-50, below the float32 compute's rounding by five orders).
+state (the heads share their chunks, and their decays differ), so the segment sums are never
+differences of prefix sums: G_i − G_j = Σ_{j<l≤i} s_l·A_h is summed directly (row i of M from
+its diagonal down, in float64), and so is G_n − G_i (a suffix sum from the chunk's end).  A
+segment sum's rounding is then relative to itself (≤ C·u64·|G_i − G_j|, so e^{G_i − G_j} is
+off by at most C·u64·max_x x·e^{-x} = C·u64/e), whatever decays came earlier in the chunk; a
+difference of prefix sums was off by C·u64·|G_i|, which grows with the decay before j.
 """
 
 from __future__ import annotations
@@ -35,13 +38,10 @@ from linstream.ops.decay.numba import LOG_GATE_FLOOR
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
 
+from .constants import DEFAULT_SSD_CHUNK
 from .steps import time_steps
 
 __all__ = ["DEFAULT_SSD_CHUNK", "ssd_chunks"]
-
-# Chunk length: a chunk costs n·P multiply-adds a token for M @ X beside the 2·N·P of the
-# state's two products, and each product is a BLAS call on small matrices.
-DEFAULT_SSD_CHUNK = 64
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
@@ -111,6 +111,9 @@ def _ssd_kernel(parallel: bool) -> Any:
             g = h // rep
             ah = a[h]
             gs = np.empty(cmax, np.float64)
+            rs = np.empty(cmax, np.float64)
+            la = np.empty(cmax, np.float64)
+            seg = np.empty(cmax, np.float64)
             xc = np.empty((cmax, dp), dt)
             xd = np.empty((cmax, dp), dt)
             cg = np.empty((cmax, dn), dt)
@@ -118,17 +121,25 @@ def _ssd_kernel(parallel: bool) -> Any:
             sw = np.empty(cmax, dt)
             for k in range(m):
                 c0, n = starts[k], starts[k + 1] - starts[k]
-                la0 = max(step[h, c0] * ah, LOG_GATE_FLOOR)  # kept out of the prefix sums
-                acc = 0.0
+                la0 = max(step[h, c0] * ah, LOG_GATE_FLOOR)  # kept out of the sums
+                la[0] = 0.0
+                for i in range(1, n):
+                    la[i] = max(step[h, c0 + i] * ah, LOG_GATE_FLOOR)
+                acc = 0.0  # G_i, summed from the chunk's start
                 gs[0] = acc
                 for i in range(1, n):
-                    acc += max(step[h, c0 + i] * ah, LOG_GATE_FLOOR)
+                    acc += la[i]
                     gs[i] = acc
                 gn = gs[n - 1]
+                acc = 0.0  # G_n − G_i, summed from the chunk's end
+                rs[n - 1] = acc
+                for i in range(n - 2, -1, -1):
+                    acc += la[i + 1]
+                    rs[i] = acc
                 for i in range(n):
                     si = step[h, c0 + i]
                     eg = dt.type(math.exp(la0 + gs[i]))
-                    ek = dt.type(si * math.exp(gn - gs[i]))
+                    ek = dt.type(si * math.exp(rs[i]))
                     sw[i] = dt.type(si)
                     for p in range(dp):
                         v = x[c0 + i, h, p]
@@ -139,8 +150,12 @@ def _ssd_kernel(parallel: bool) -> Any:
                         bc[i, q] = b[c0 + i, g, q]
                 mm = np.empty((n, n), dt)
                 for i in range(n):
+                    acc = 0.0  # G_i − G_j, summed from the diagonal down
+                    for j in range(i, -1, -1):
+                        seg[j] = acc
+                        acc += la[j]
                     for j in range(i + 1):
-                        mm[i, j] = cb[k, g, i * n + j] * exp(dt.type(gs[i] - gs[j])) * sw[j]
+                        mm[i, j] = cb[k, g, i * n + j] * exp(dt.type(seg[j])) * sw[j]
                     for j in range(i + 1, n):
                         mm[i, j] = 0
                 s0 = s[h].astype(dt)  # [P, N]

@@ -1,4 +1,5 @@
-"""`linstream checkpoint inspect|verify|gc`: look into and tidy a checkpoint store (no Beam).
+"""`linstream checkpoint inspect|verify|gc|fork|rewind`: look into and tidy a checkpoint store
+(no Beam); fork and rewind live in state_cli.py.
 
 A store's files are untrusted: every bad file (damaged, truncated, nested or oversized JSON, a
 directory/FIFO/device in a file's place, a symbolic link, a state that would decompress beyond
@@ -21,7 +22,8 @@ __all__ = ["add_checkpoint_parser", "cmd_gc", "cmd_inspect", "cmd_verify", "main
 
 
 def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``checkpoint inspect ROOT [--seq ID]`` and ``checkpoint verify ROOT``.
+    """Register ``checkpoint inspect ROOT [--seq ID]``, ``verify``, ``gc``, ``fork`` and
+    ``rewind``.
 
     ``subparsers`` is what ``ArgumentParser.add_subparsers()`` returned; each leaf sets
     ``func(args) -> int`` (the exit status).
@@ -37,7 +39,7 @@ def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="one JSON object a line per sequence (seq_id, position, next_chunk, commits, "
-        "bytes, fingerprint, s_norm, z_norm, error) instead of the table",
+        "positions, bytes, fingerprint, s_norm, z_norm, error) instead of the table",
     )
     inspect.set_defaults(func=cmd_inspect)
     verify = sub.add_parser(
@@ -63,8 +65,19 @@ def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
         "longer than any commit of a running job takes",
     )
     gc.add_argument("--keep", type=int, default=2, metavar="N", help="commits kept per sequence")
+    gc.add_argument(
+        "--keep-every-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also keep each sequence's first commit at or past every multiple of N tokens "
+        "(as `linstream embed --keep-every-tokens`); 0: none",
+    )
     gc.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     gc.set_defaults(func=cmd_gc)
+    from .state_cli import add_fork_parsers
+
+    add_fork_parsers(sub)
     return parser
 
 
@@ -176,6 +189,7 @@ def _inspect_record(store: Any, seq_id: str) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "seq_id": seq_id,
         "commits": len(commits),
+        "positions": sorted({c.position for c in commits if c.problem is None}),
         "bytes": sum(c.size or 0 for c in commits),
         "position": None,
         "next_chunk": None,
@@ -214,9 +228,13 @@ def cmd_gc(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.keep < 2:
         print("linstream checkpoint gc: --keep must be at least 2", file=sys.stderr)
         return 2
+    every = getattr(args, "keep_every_tokens", 0)
+    if every < 0:
+        print("linstream checkpoint gc: --keep-every-tokens must be at least 0", file=sys.stderr)
+        return 2
     if _open(args.root, sys.stderr) is None:
         return 2
-    store = CheckpointStore(args.root, keep=args.keep)
+    store = CheckpointStore(args.root, keep=args.keep, keep_every_tokens=every)
     if args.dry_run:
         orphans = store.orphans()
         for path in orphans:

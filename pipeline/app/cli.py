@@ -1,5 +1,5 @@
-"""The `linstream` command line: sample, embed, demo, warmup, checkpoint inspect|verify|gc, results
-inspect.
+"""The `linstream` command line: sample, embed, demo, warmup, checkpoint
+inspect|verify|gc|fork|rewind, state export, results inspect.
 
 Exit status: 0 ok; 1 the job (or a command) failed at run time; 2 a usage error (a bad flag, a
 missing input, an unknown model, no GPU for `--backend cupy`); 3 the dead letters passed the
@@ -260,6 +260,13 @@ def _add_checkpoint(sub: Any) -> None:
     _verbose(parser)
 
 
+def _add_state(sub: Any) -> None:
+    from .state_cli import add_state_parser
+
+    parser = add_state_parser(sub)
+    _verbose(parser)
+
+
 def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
     """The `linstream` parser; the embed options are only added when `command` is `embed`."""
     parser = _Parser(
@@ -278,6 +285,7 @@ def build_parser(command: str | None = "embed") -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_warmup(sub)
     _add_checkpoint(sub)
+    _add_state(sub)
     _add_results(sub)
     return parser
 

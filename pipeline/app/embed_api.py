@@ -91,6 +91,7 @@ def embed(
     return_dead_letters: bool = False,
     compute_dtype: Any = None,
     threads: int | None = None,
+    initial_state: Any = None,
 ) -> Any:
     """Embed texts, files or token-id arrays; returns a NumPy array or a pyarrow Table.
 
@@ -121,6 +122,12 @@ def embed(
     threads: as `linstream embed --threads`: the threads of the kernels (Numba) and of BLAS,
         and the model runtime's row split, in this process from this call on (process-wide,
         as `torch.set_num_threads`; `limit_threads`); None: as they are (every core).
+    initial_state: as `linstream embed --initial-state`: a state file (`linstream state
+        export`) every sequence starts from, or a mapping of sequence ids to state files; the
+        tokens continue the file's position.  A file that is not a state of this model and
+        ``state_dtype`` raises `StateFileError` (a ValueError) before any work, with the line
+        the command prints.  Not with emit="sequence" (a per-chunk emit: "mean", "last",
+        "tokens").
 
     What is passed directly and cannot be embedded (an empty text, token ids outside the
     model's vocabulary) raises ValueError (or TypeError) naming the sequence, before any work.
@@ -130,7 +137,7 @@ def embed(
     )
     return job.run(
         inputs,
-        StageConfig(emit=emit),
+        StageConfig(emit=emit, initial_state=job.initial_states(initial_state)),
         as_table=as_table,
         progress=progress,
         return_dead_letters=return_dead_letters,
@@ -149,7 +156,9 @@ class Resumable:
     finished one's from its checkpoint).  Dead letters as in `embed` (``return_dead_letters``).
     ``restore_fallback``: continue past a corrupt newest commit from the one before, as
     `--restore-fallback`.  Another writer of the same sequence (a running job) makes its
-    chunks `fenced` dead letters.  ``threads``: as in `embed`.
+    chunks `fenced` dead letters.  ``threads`` and ``initial_state``: as in `embed` (a
+    sequence with a commit resumes from it; the file is for the others).  ``keep_every_tokens``:
+    as `linstream embed --keep-every-tokens`.
     """
 
     def __init__(
@@ -166,6 +175,8 @@ class Resumable:
         restore_fallback: bool = False,
         compute_dtype: Any = None,
         threads: int | None = None,
+        initial_state: Any = None,
+        keep_every_tokens: int = 0,
     ) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every!r}"
@@ -183,6 +194,8 @@ class Resumable:
             resume=True,
             emit=emit,
             restore_fallback=bool(restore_fallback),
+            initial_state=self._job.initial_states(initial_state),
+            keep_every_tokens=keep_every_tokens,
         )
 
     def embed(
@@ -265,6 +278,17 @@ class _Job:
         if loaded.config.input_kind == "tokens" and vocab is not None:
             tok.check_fits(int(vocab), spec or "the model")
         return cls(step, emit, chunk_tokens, tok)
+
+    def initial_states(self, value: Any) -> tuple[tuple[str | None, str], ...]:
+        """``initial_state=`` as the stage's pairs, every file read against this job's model
+        first (`StateFileError` for a bad one, before any work)."""
+        from linstream.pipeline.stage.initial_states import check_files, initial_state_pairs
+        from linstream.state.exchange import StateSpec
+
+        pairs = initial_state_pairs(value)
+        if pairs:
+            check_files(pairs, StateSpec.of(self.step.initial_state("", None)))
+        return pairs
 
     # -- one call -------------------------------------------------------------------------------
     def run(

@@ -110,6 +110,15 @@ def run(args: argparse.Namespace, rest: list[str]) -> int:
 
     config = EmbedConfig.from_args(args)  # parsed once; everything below reads this
     launch = prepare_launch(config, rest)  # every usage check, before Beam is imported
+    if config.initial_state:  # each state file read against the model, before any work
+        from linstream.pipeline.stage.initial_states import (
+            check_files,
+            model_spec,
+            parse_initial_state,
+        )
+
+        spec = model_spec(launch.model, config.state_dtype)
+        check_files(parse_initial_state(config.initial_state), spec)
     quiet_beam(args)
     check_beam_values(rest)
     from .job import run_embed

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from linstream.pipeline.errors import UsageError
 from linstream.pipeline.io.reader_config import InputConfig, StreamConfig
-from linstream.pipeline.stage.config import DEFAULT_EMBED_EMIT, StageConfig
+from linstream.pipeline.stage.config import DEFAULT_EMBED_EMIT, NO_SEQUENCE_EMIT, StageConfig
+from linstream.pipeline.stage.initial_states import parse_initial_state
 
 from .flag_values import (
     DeadLetterLimit,
@@ -83,6 +84,8 @@ class Flag:
     metavar: str | None = None
     boolean: bool = False
     required: bool = False
+    #: given any number of times (argparse's "append"): a tuple of texts, () when not given
+    repeat: bool = False
 
     @property
     def dest(self) -> str:
@@ -98,6 +101,9 @@ class Flag:
         as its text); None is "not given" (the default).  UsageError naming the flag."""
         if value is None:
             return self.default
+        if self.repeat:
+            values = [value] if isinstance(value, str) else list(value)
+            return tuple(str(v) for v in values)
         try:
             if self.boolean:
                 value = parse_bool(value) if isinstance(value, str) else bool(value)
@@ -116,13 +122,18 @@ class Flag:
         options to the workers as a JSON struct).  A required flag is checked with the others
         (`launch.check_flags`), not by argparse: an unknown option next to it is named first."""
         shown = "off" if self.boolean and not self.default else self.default
-        shown = "none" if shown is None else shown
+        shown = "none" if shown in (None, ()) else shown
         help_text = f"{self.help} (default: {shown})" if not self.required else self.help
         kw: dict[str, Any] = {"dest": self.dest, "help": help_text.replace("%", "%%")}
         if self.boolean:
             kw.update(
                 nargs="?", const=True, default=bool(self.default), type=parse_bool, metavar="BOOL"
             )
+            return kw
+        if self.repeat:
+            kw.update(action="append", default=None)
+            if self.metavar is not None:
+                kw["metavar"] = self.metavar
             return kw
         kw["default"] = self.default
         if self.type is not None:
@@ -232,6 +243,22 @@ class EmbedConfig:
         _default(StageConfig, "resume"),
         boolean=True,
     )
+    initial_state: tuple[str, ...] = _flag(
+        "start each sequence that has no commit yet from a state file (`linstream state "
+        "export`): FILE for every sequence, SEQ=FILE for one (repeat the flag); the file must "
+        "hold a state of this model and --state-dtype; positions go on from the file's",
+        (),
+        metavar="[SEQ=]FILE",
+        repeat=True,
+    )
+    keep_every_tokens: int = _flag(
+        "besides the newest commits, keep each sequence's first commit at or past every "
+        "multiple of N tokens (positions to rewind or fork from: `linstream checkpoint "
+        "rewind|fork`); 0: none",
+        _default(StageConfig, "keep_every_tokens"),
+        type=non_negative_int,
+        metavar="N",
+    )
     emit: str = _flag(
         "what each output row holds: mean (one vector per chunk, the mean over its tokens), "
         "last (the chunk's last token), sequence (one vector per finished sequence, the mean "
@@ -331,6 +358,13 @@ class EmbedConfig:
     def __post_init__(self) -> None:
         for flag in EMBED_FLAGS:
             object.__setattr__(self, flag.dest, flag.check(getattr(self, flag.dest)))
+        try:
+            parse_initial_state(self.initial_state)
+        except ValueError as ex:
+            raise UsageError(str(ex)) from None
+        if self.initial_state and self.emit == "sequence":
+            msg = f"--initial-state: {NO_SEQUENCE_EMIT}"
+            raise UsageError(msg)
 
     # -- built once, from what the caller has --------------------------------------------------
     @classmethod
@@ -399,6 +433,8 @@ class EmbedConfig:
             restore_fallback=self.restore_fallback,
             output_dir=self.output if self.commits_outputs else None,
             total_tokens=total_tokens,
+            keep_every_tokens=self.keep_every_tokens,
+            initial_state=parse_initial_state(self.initial_state),
         )
 
 

@@ -12,7 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_EMBED_EMIT", "EMIT_MODES", "MAX_CHUNK_TOKENS", "StageConfig"]
+__all__ = [
+    "DEFAULT_EMBED_EMIT",
+    "EMIT_MODES",
+    "MAX_CHUNK_TOKENS",
+    "NO_SEQUENCE_EMIT",
+    "StageConfig",
+]
+
+#: Why an initial state and emit "sequence" do not go together.
+NO_SEQUENCE_EMIT = (
+    "initial state with emit 'sequence': the mean over all of a sequence's tokens needs the "
+    "outputs of the tokens before the state, which a state file does not hold; use emit mean, "
+    "last or tokens"
+)
 
 #: tokens: one vector per token; mean / last: one per chunk; sequence: one per finished sequence
 #: (the mean over all its tokens, from a running sum carried with the state).
@@ -50,6 +63,10 @@ class StageConfig:
         computed in blocks of `block_tokens` tokens, so memory stays bounded.
     block_tokens: see max_chunk_tokens.
     total_tokens: the input's token count when known (the progress line's ETA).
+    keep_every_tokens: besides the newest ``checkpoint_keep`` commits, keep the first commit at
+        or past each multiple of this many tokens (0: none), so a sequence can be rewound there.
+    initial_state: state files a sequence without a commit starts from, as (seq_id, path)
+        pairs; seq_id None: every sequence not named (initial_states.py).
     """
 
     checkpoint_dir: str | None = None
@@ -65,6 +82,8 @@ class StageConfig:
     max_chunk_tokens: int = MAX_CHUNK_TOKENS
     block_tokens: int = 8192
     total_tokens: int | None = None
+    keep_every_tokens: int = 0
+    initial_state: tuple[tuple[str | None, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.emit not in EMIT_MODES:
@@ -88,10 +107,19 @@ class StageConfig:
                 f"{self.max_chunk_tokens} and {self.block_tokens}"
             )
             raise ValueError(msg)
+        if self.keep_every_tokens < 0:
+            msg = f"keep_every_tokens must be >= 0, got {self.keep_every_tokens}"
+            raise ValueError(msg)
+        if self.initial_state and self.emit == "sequence":
+            raise ValueError(NO_SEQUENCE_EMIT)
+        object.__setattr__(
+            self, "initial_state", tuple((k, str(v)) for k, v in dict(self.initial_state).items())
+        )
         # Plain Python values from here on (a NumPy integer or a bool-ish flag is converted once).
         for name, kind in (
             ("checkpoint_every", int),
             ("checkpoint_keep", int),
+            ("keep_every_tokens", int),
             ("resume", bool),
             ("idle_timeout", float),
             ("restore_fallback", bool),

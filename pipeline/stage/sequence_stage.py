@@ -8,7 +8,8 @@ applies it, and then every buffered chunk right behind it, in batches bounded in
 commit is made every ``checkpoint_every`` chunks and at the final chunk (with the output span it
 finalizes when ``output_dir`` is set).  When a sequence goes idle it dead-letters the chunks
 still waiting behind a gap, commits what is uncommitted and clears the key's state; the sequence
-is restored from the store when it returns.
+is restored from the store when it returns.  A sequence that has no commit starts from the
+state file the job names for it (`--initial-state`: initial_states.py), else the zero state.
 
 It yields plain values, `ChunkResult`s and `DeadLetter`s, reads and writes the key's state
 through `StateCells` (cells.py: one packed cell and two bags) and sets the idle timer through
@@ -30,12 +31,14 @@ from typing import Any, Protocol
 import numpy as np
 from linstream.pipeline.values import Chunk, ChunkResult, DeadLetter
 from linstream.state import CheckpointError, CheckpointStore, SequenceState, unpack_state
+from linstream.state.exchange import StateFileError
 
 from .applier import Applied, Applier, Working, as_state, is_int
 from .cells import Cells, Ready, StateCells
 from .commits import Commits
 from .config import StageConfig
 from .counters import Counters, MetricSource
+from .initial_states import InitialStates
 from .progress import Progress
 from .records import END_OF_TIME_US, NO_TIMER_US, DigestWindow, Meta, chunk_digest
 from .spans import SpanWriter
@@ -79,6 +82,8 @@ class SequenceStage:
         self._store: CheckpointStore | None = None
         self._commits: Commits | None = None
         self._chunks_logged = 0
+        self._initial = InitialStates(config.initial_state)
+        self._said_ignored = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def setup(self) -> None:
@@ -86,7 +91,10 @@ class SequenceStage:
         self.step.setup()
         if cfg.checkpoint_dir:
             self._store = CheckpointStore(
-                cfg.checkpoint_dir, keep=cfg.checkpoint_keep, sync_batch=SYNC_BATCH
+                cfg.checkpoint_dir,
+                keep=cfg.checkpoint_keep,
+                sync_batch=SYNC_BATCH,
+                keep_every_tokens=cfg.keep_every_tokens,
             )
             spans = None
             if cfg.output_dir:
@@ -179,6 +187,9 @@ class SequenceStage:
         except CheckpointError as ex:
             yield self._dead(seq_id, idx, "restore_failed", self.step.restore_message(ex))
             return
+        except StateFileError as ex:  # checked before the job: changed since, or another shape
+            yield self._dead(seq_id, idx, "initial_state", str(ex))
+            return
         except (ValueError, TypeError) as ex:  # the payload has no valid state shape
             yield self._dead(seq_id, idx, "bad_shape", f"{type(ex).__name__}: {ex}")
             return
@@ -191,7 +202,9 @@ class SequenceStage:
     def _current_state(
         self, seq_id: str, data: Any, meta: Meta, view: Cells
     ) -> SequenceState | None:
-        """The sequence's state: the working copy, else (returning or resumed) the store's."""
+        """The sequence's state: the working copy, else (returning or resumed) the store's, else
+        (never committed) the state it starts from: its initial state file's, or None (the
+        step's zero state)."""
         raw = view.state_raw
         if raw is not None:
             return unpack_state(raw, expected_fingerprint=self.step.fingerprint)
@@ -199,8 +212,27 @@ class SequenceStage:
             st = self._commits.restore(seq_id, data, meta, view)
             if st is not None:
                 view.set_state(st)  # restore once per return of the sequence
-            return st
-        return None
+                self._note_ignored(seq_id, st)
+                return st
+            if meta.evicted:
+                return None
+        if meta.committed_next > 0 or not self._initial:
+            return None  # committed by this job: restored above, or held as its working copy
+        return self._initial.for_sequence(seq_id, self.step.initial_state(seq_id, data))
+
+    def _note_ignored(self, seq_id: str, st: SequenceState) -> None:
+        """Say once that sequences with a commit resume from it, not from their state file."""
+        path = self._initial.path_for(seq_id)
+        if path is None or self._said_ignored:
+            return
+        self._said_ignored = True
+        _log.warning(
+            "sequence %r resumes from its commit at position %d; its --initial-state %s is "
+            "not used (nor for any other sequence that has a commit)",
+            seq_id,
+            st.position,
+            path,
+        )
 
     # -- idle -------------------------------------------------------------------------------
     def on_idle(self, seq_id: str, cells: StateCells) -> Iterator[Output]:

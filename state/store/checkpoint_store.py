@@ -36,20 +36,19 @@ uses: ``folders`` (`StoreFolders`: the storage, sequence folders, commit files),
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
-
-from linstream.state.sequence_state import SequenceState
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
 from .commit import Committer
 from .filesystems import LocalStorage, open_storage
 from .folders import StoreFolders
 from .listing import Listing
-from .manifest import History
-from .restore import ManifestCheck, Restorer
+from .restore import Restorer
 from .restore import check_expected_shape as check_expected_shape  # re-exported
 from .retention import Retention
 from .types import CheckpointProblem, CommitInfo, CommitOutcome, Head
@@ -58,12 +57,32 @@ __all__ = ["CheckpointProblem", "CheckpointStore", "CommitInfo", "CommitOutcome"
 
 log = logging.getLogger("linstream.state")
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _handed_to(
+    part: str, method: Callable[Concatenate[Any, _P], _R]
+) -> Callable[Concatenate[CheckpointStore, _P], _R]:
+    """The store's method that is ``method`` of its part ``part`` (an attribute), with that
+    method's signature and docstring: the keyword lists live in the part alone."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def handed_on(self: CheckpointStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        bound: Callable[_P, _R] = getattr(getattr(self, part), name)
+        return bound(*args, **kwargs)
+
+    return handed_on
+
 
 class CheckpointStore:
     """Commits and restores sequence states under ``root`` (local path or fsspec URL).
 
     keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
-    fallback.  rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
+    fallback.  keep_every_tokens: N > 0 keeps besides them the first commit at or past each
+    multiple of N tokens (positions a sequence can be rewound to: ``Retention``).
+    rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
     magnitude (default 1e-5 for float64 states, 1e-3 for float32: a retried bundle may run its
     float32 chunk math with other SIMD widths).  clock: seconds since the
     epoch, injected for tests of ``gc``.  background_prune: delete commits beyond ``keep`` in a
@@ -92,6 +111,7 @@ class CheckpointStore:
         clock: Callable[[], float] = time.time,
         background_prune: bool = True,
         sync_batch: int = 0,
+        keep_every_tokens: int = 0,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
@@ -105,7 +125,9 @@ class CheckpointStore:
         #: How many commits ended in each outcome, and how many restores fell back.
         self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
         self.folders = StoreFolders(open_storage(root), sync_batch=sync_batch)
-        self.retention = Retention(self.folders, keep, background=background_prune)
+        self.retention = Retention(
+            self.folders, keep, background=background_prune, keep_every_tokens=keep_every_tokens
+        )
         self.restorer = Restorer(self.folders, self.counters)
         self.committer = Committer(
             self.folders, self.restorer, self.retention, self.counters, rtol=rtol
@@ -113,7 +135,9 @@ class CheckpointStore:
         self.listing = Listing(self.folders, self.restorer, self.retention, clock)
 
     def __repr__(self) -> str:
-        return f"CheckpointStore({self.root!r}, keep={self.keep})"
+        every = self.retention.keep_every_tokens
+        more = f", keep_every_tokens={every}" if every else ""
+        return f"CheckpointStore({self.root!r}, keep={self.keep}{more})"
 
     @property
     def sync_batch(self) -> int:
@@ -132,114 +156,22 @@ class CheckpointStore:
         """Whether the root folder exists (a store with no commit yet may not have one)."""
         return self.folders.fs.is_dir(self.folders.fs.root)
 
-    # --- commit (Committer) --------------------------------------------------------------------
+    # --- the parts' methods, handed on (their signatures and docstrings are the parts') ----------
 
-    def commit(
-        self,
-        st: SequenceState,
-        history: History | None = None,
-        *,
-        ready: Callable[[], object] | None = None,
-    ) -> CommitOutcome:
-        """Commit ``st`` as commit ``history.commit`` of its chain (`Committer.commit`)."""
-        return self.committer.commit(st, history, ready=ready)
+    commit = _handed_to("committer", Committer.commit)
+    sync = _handed_to("committer", Committer.sync)
+    sync_seq = _handed_to("committer", Committer.sync_seq)
+    head = _handed_to("restorer", Restorer.head)
+    restore = _handed_to("restorer", Restorer.restore)
+    read_commit = _handed_to("restorer", Restorer.read_commit)
+    read_position = _handed_to("restorer", Restorer.read_position)
+    read_chain = _handed_to("restorer", Restorer.read_chain)
+    sequences = _handed_to("listing", Listing.sequences)
+    commits = _handed_to("listing", Listing.commits)
+    verify = _handed_to("listing", Listing.verify)
+    orphans = _handed_to("listing", Listing.orphans)
 
-    def sync(self) -> None:
-        """Make the folders of the commits made since the last sync durable (`Committer.sync`)."""
-        self.committer.sync()
-
-    def sync_seq(self, seq_id: str) -> None:
-        """Make the commits of one sequence durable, whoever made them (`Committer.sync_seq`)."""
-        self.committer.sync_seq(seq_id)
-
-    # --- restore (Restorer) --------------------------------------------------------------------
-
-    def head(
-        self,
-        seq_id: str,
-        *,
-        fingerprint: str | None,
-        fallback: bool = False,
-        expected_shape: tuple[int, ...] | None = None,
-        check: ManifestCheck | None = None,
-    ) -> Head | None:
-        """The newest commit of ``seq_id``, with every check (`Restorer.head`), or None."""
-        return self.restorer.head(
-            seq_id,
-            fingerprint=fingerprint,
-            fallback=fallback,
-            expected_shape=expected_shape,
-            check=check,
-        )
-
-    def restore(
-        self,
-        seq_id: str,
-        *,
-        fingerprint: str,
-        fallback: bool = False,
-        expected_shape: tuple[int, ...] | None = None,
-    ) -> SequenceState | None:
-        """The newest committed state of ``seq_id``, or None (`Restorer.restore`)."""
-        return self.restorer.restore(
-            seq_id, fingerprint=fingerprint, fallback=fallback, expected_shape=expected_shape
-        )
-
-    def read_commit(
-        self,
-        seq_id: str,
-        position: int,
-        *,
-        fingerprint: str | None = None,
-        expected_shape: tuple[int, ...] | None = None,
-    ) -> SequenceState:
-        """The commit of ``seq_id`` at ``position`` (`Restorer.read_commit`)."""
-        return self.restorer.read_commit(
-            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape
-        )
-
-    def read_position(
-        self,
-        seq_id: str,
-        position: int,
-        *,
-        fingerprint: str | None = None,
-        expected_shape: tuple[int, ...] | None = None,
-        check: ManifestCheck | None = None,
-    ) -> Head:
-        """The newest commit of ``seq_id`` at ``position`` (`Restorer.read_position`)."""
-        return self.restorer.read_position(
-            seq_id, position, fingerprint=fingerprint, expected_shape=expected_shape, check=check
-        )
-
-    def read_chain(
-        self,
-        seq_id: str,
-        commit: int,
-        *,
-        fingerprint: str | None = None,
-        check: ManifestCheck | None = None,
-    ) -> Head:
-        """Commit number ``commit`` of ``seq_id``'s chain (`Restorer.read_chain`)."""
-        return self.restorer.read_chain(seq_id, commit, fingerprint=fingerprint, check=check)
-
-    # --- the whole store (Listing) -------------------------------------------------------------
-
-    def sequences(self) -> list[str]:
-        """Ids of the sequences that have at least one commit (`Listing.sequences`)."""
-        return self.listing.sequences()
-
-    def commits(self, seq_id: str) -> list[CommitInfo]:
-        """The commits of ``seq_id``, newest first (`Listing.commits`)."""
-        return self.listing.commits(seq_id)
-
-    def verify(self, check: ManifestCheck | None = None) -> list[CheckpointProblem]:
-        """Every restore check on every commit (`Listing.verify`)."""
-        return self.listing.verify(check)
-
-    def orphans(self) -> list[str]:
-        """Data files that no manifest names (`Listing.orphans`)."""
-        return self.listing.orphans()
+    # --- the whole store -------------------------------------------------------------------------
 
     def gc(self, grace_seconds: float = 3600.0) -> list[str]:
         """Remove orphan data files and stale temporaries older than ``grace_seconds``, and

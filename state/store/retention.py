@@ -1,5 +1,7 @@
 """Retention in a checkpoint store: commits beyond ``keep`` are removed, in a background thread
-after a commit returns (deletes can be slow) or at once."""
+after a commit returns (deletes can be slow) or at once; with ``keep_every_tokens`` N, the first
+commit at or past each multiple of N tokens is kept too (positions a sequence can be rewound
+to)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import logging
 
 from linstream.state.errors import CheckpointError
 
-from .folders import StoreFolders
+from .folders import CommitFile, StoreFolders
 from .paths import data_name_commit, parse_data_name
 
 __all__ = ["Retention"]
@@ -18,11 +20,27 @@ log = logging.getLogger("linstream.state")
 
 
 class Retention:
-    """Keeps the ``keep`` newest commits of each sequence of ``folders``; with ``background``,
-    in one thread of its own (`flush` waits for it, `close` stops it: it restarts on use)."""
+    """Keeps the ``keep`` newest commits of each sequence of ``folders``, and with
+    ``keep_every_tokens`` N > 0 the first commit at or past each multiple of N tokens (by
+    position; of two commits at one position, the newer); with ``background``, in one thread
+    of its own (`flush` waits for it, `close` stops it: it restarts on use)."""
 
-    def __init__(self, folders: StoreFolders, keep: int, *, background: bool = True) -> None:
+    def __init__(
+        self,
+        folders: StoreFolders,
+        keep: int,
+        *,
+        background: bool = True,
+        keep_every_tokens: int = 0,
+    ) -> None:
+        if isinstance(keep_every_tokens, bool) or not isinstance(keep_every_tokens, int):
+            msg = f"keep_every_tokens: expected an int >= 0, received {keep_every_tokens!r}"
+            raise TypeError(msg)
+        if keep_every_tokens < 0:
+            msg = f"keep_every_tokens: expected an int >= 0, received {keep_every_tokens}"
+            raise ValueError(msg)
         self.folders, self.keep, self.background = folders, keep, background
+        self.keep_every_tokens = keep_every_tokens
         self._pruner: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[list[str]]] = []
 
@@ -67,11 +85,12 @@ class Retention:
         names = fs.list_dir(seq_dir)
         files = folders.commit_files(seq_dir, names)
         removed: list[str] = []
-        doomed = files[self.keep :]
+        kept_files = files[: self.keep] + self._milestones(files[self.keep :], files)
+        doomed = [f for f in files if f not in kept_files]
         if not doomed:
             return removed
         kept_data: set[str] = set()
-        for path, n, pos in files[: self.keep]:
+        for path, n, pos in kept_files:
             with contextlib.suppress(CheckpointError, FileNotFoundError):
                 kept_data.add(folders.parse_commit(path, n, pos).data_file)
         doomed_positions: set[int] = set()
@@ -102,3 +121,29 @@ class Retention:
                 fs.remove(f"{seq_dir}/{name}")
                 removed.append(f"{seq_dir}/{name}")
         return removed
+
+    def _milestones(self, older: list[CommitFile], files: list[CommitFile]) -> list[CommitFile]:
+        """Of ``older`` (commits beyond the newest ``keep``), those ``keep_every_tokens`` keeps:
+        for each multiple m of N up to the newest position, the commit of ``files`` with the
+        lowest position >= m (the newer of two at one position), when it is among ``older``.
+        A commit whose manifest cannot be read is not kept for this."""
+        every = self.keep_every_tokens
+        if every <= 0 or not older:
+            return []
+        at: list[tuple[int, int, CommitFile]] = []  # (position, order: newest first, file)
+        for order, (path, n, pos) in enumerate(files):
+            try:
+                position = self.folders.parse_commit(path, n, pos).position
+            except (CheckpointError, FileNotFoundError):
+                continue
+            at.append((position, order, (path, n, pos)))
+        at.sort()
+        kept: list[CommitFile] = []
+        below = -1  # the highest position before this one: a multiple m in (below, p] is p's
+        for position, _order, file in at:
+            if position == below:
+                continue  # the newer commit at this position came first
+            if position // every > max(below, 0) // every and file in older:
+                kept.append(file)
+            below = position
+        return kept

@@ -11,10 +11,15 @@
    gpu_check_rules.py): against the float64 references over random splits, two runs giving the
    same bits, bfloat16 inputs giving exactly the float32 results of their values, and fixed cases
    against the Numba kernels (live where Numba imports, else from a file prepared here).
+1c. The same for Mamba-2's SSD scan and RWKV-7's DPLR rule (gpu_check_ssd_dplr.py); the SSD
+   reference, transformers' float64 scan, comes from the same prepared folder (or live where
+   transformers imports).
 2-3. Throughput of the additive backend for H=16, d=64, T=65536, float32 and bfloat16 inputs, on
    the same data: linstream's CuPy backend; a PyTorch CUDA chunked implementation of the same
    chunkwise form (below); and, when `fla` imports, flash-linear-attention's `chunk_linear_attn`
    carrying its state (never a linstream dependency); then its stages one by one.
+3b. Throughput of the SSD kernel (Mamba-2 130M's heads) and the DPLR kernel (RWKV-7's heads;
+   beside fla's Triton chunk_dplr_delta_rule, with their agreement), T=16,384.
 4. Throughput of each rule's kernel (H=16, d=64, T=16,384) and of fla's Triton chunk kernel for
    the same rule, with their agreement.  fla's autotuning is pruned to 4 configurations per
    kernel to fit the budget (GPU_CHECK_FLA_FULL_AUTOTUNE=1 keeps all).
@@ -57,6 +62,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUDGET_S = 200.0  # stop the additive part's optional sections past this
 RULES_DEADLINE_S = 420.0  # stop the rules' throughput rows past this: the run ends within 7 min
 NUMBA_REFS = os.environ.get("GPU_CHECK_NUMBA_REFS", str(ROOT / "build/gpu-check/numba_rules.npz"))
+# transformers' SSD scan and the Numba SSD / DPLR outputs, prepared beside NUMBA_REFS
+SSD_DPLR_REFS = str(Path(NUMBA_REFS).with_name("ssd_dplr_refs.npz"))
 T0 = time.perf_counter()
 H, D, T = 16, 64, 65536
 CHUNK = 64
@@ -544,9 +551,11 @@ def main(argv: list[str]) -> int:
     global H, T
     _import_linstream()
     import gpu_check_rules as rules
+    import gpu_check_ssd_dplr as ssd_dplr
 
     if argv[:1] == ["--prepare-numba"] and len(argv) == 2:
         rules.prepare_numba(argv[1], dry_run=DRY_RUN)
+        ssd_dplr.prepare(str(Path(argv[1]).with_name("ssd_dplr_refs.npz")), dry_run=DRY_RUN)
         return 0
     if DRY_RUN:
         H, T = 4, 2048
@@ -587,6 +596,10 @@ def main(argv: list[str]) -> int:
     rule_rows = rules.correctness(seed, 1 if DRY_RUN else 3, DRY_RUN, NUMBA_REFS)
     report["rules_correctness"] = {"seed": seed, "cases": rule_rows}
     ok = ok and all(r["ok"] for r in rule_rows)
+    print("\n[1c] Mamba-2's SSD and RWKV-7's DPLR kernels: references, bfloat16, the Numba kernels")
+    sd_rows = ssd_dplr.correctness(seed, 1 if DRY_RUN else 2, DRY_RUN, SSD_DPLR_REFS)
+    report["ssd_dplr_correctness"] = {"seed": seed, "cases": sd_rows}
+    ok = ok and all(r["ok"] for r in sd_rows)
     try:
         throughput(report)
     except Exception as ex:
@@ -600,6 +613,17 @@ def main(argv: list[str]) -> int:
             ok = False
             print(f"gpu_check: {r['impl']} ({r['dtype']}) error {r['err_max']:.2e} > 2e-5")
     try:
+        sd_t = ssd_dplr.throughput(
+            DRY_RUN, T0 + RULES_DEADLINE_S, timed, lambda: cp.cuda.Device().synchronize()
+        )
+        sd_t["ratios"] = ssd_dplr.ratios(sd_t)
+        report["ssd_dplr_throughput"] = sd_t
+    except Exception as ex:
+        import traceback
+
+        traceback.print_exc()
+        report["ssd_dplr_throughput_error"] = f"{type(ex).__name__}: {ex}"
+    try:
         report["rules_throughput"] = rules.throughput(
             DRY_RUN, T0 + RULES_DEADLINE_S, timed, lambda: cp.cuda.Device().synchronize()
         )
@@ -610,6 +634,13 @@ def main(argv: list[str]) -> int:
         report["rules_throughput_error"] = f"{type(ex).__name__}: {ex}"
     _print_table(rows_t)
     rules.print_table(report.get("rules_throughput", {}))
+    rules.print_table(report.get("ssd_dplr_throughput", {}))
+    if report.get("ssd_dplr_throughput", {}).get("ratios"):
+        print(f"linstream / fla tokens/s (bfloat16): {report['ssd_dplr_throughput']['ratios']}")
+    for r in sd_rows:
+        if not r["ok"]:
+            print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r.get('what', r.get('check'))}):"
+                  f" worst error {r.get('err')} (tolerance {r.get('tol')})")  # fmt: skip
     failed = [r for r in rule_rows if not r["ok"]]
     for r in failed:
         print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r['check']}): worst error "

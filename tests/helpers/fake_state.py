@@ -1,5 +1,6 @@
 """In-memory stand-ins for what a runner gives the stateful stage: one key's state cells and its
-idle timer (the metrics source whose counts a test reads is the stage's own `MemoryMetrics`).
+idle timer (the value cell and the metrics source are the stage's own `MemoryCell` and
+`MemoryMetrics`).
 
 A bag keeps its values encoded with the coder Beam's bag uses (as the runner does), so a value
 that a coder changes comes back changed here too.
@@ -11,26 +12,10 @@ from typing import Any
 
 from apache_beam.utils.timestamp import Timestamp
 from linstream.pipeline.elements import ChunkCoder, ChunkResultCoder
-from linstream.pipeline.stage.cells import StateCells
+from linstream.pipeline.stage.cells import MemoryCell, StateCells
 from linstream.pipeline.stage.counters import MemoryMetrics
 
-__all__ = ["FakeBag", "FakeCell", "FakeKey", "FakeTimer", "MemoryMetrics"]
-
-
-class FakeCell:
-    """A read-modify-write cell."""
-
-    def __init__(self) -> None:
-        self.value: Any = None
-
-    def read(self) -> Any:
-        return self.value
-
-    def write(self, value: Any) -> None:
-        self.value = value
-
-    def clear(self) -> None:
-        self.value = None
+__all__ = ["FakeBag", "FakeKey", "FakeTimer", "MemoryMetrics"]
 
 
 class FakeBag:
@@ -73,7 +58,7 @@ class FakeKey:
     """One key's state and timer, kept between elements as a runner keeps them."""
 
     def __init__(self) -> None:
-        self.seq = FakeCell()
+        self.seq = MemoryCell()
         self.buffer = FakeBag(ChunkCoder())
         self.outbuf = FakeBag(ChunkResultCoder())
         self.timer = FakeTimer()

@@ -17,6 +17,8 @@ from linstream.ops.additive import cupy_kernels as ck
 from linstream.ops.decay import cupy_kernels as decay_k
 from linstream.ops.decay import vector_cupy_kernels as vector_k
 from linstream.ops.delta import cupy_kernels as delta_k
+from linstream.ops.dplr import cupy_kernels as dplr_k
+from linstream.ops.ssd import cupy_kernels as ssd_k
 
 pytestmark = pytest.mark.skipif(
     nvrtc_unavailable_reason() is not None, reason=str(nvrtc_unavailable_reason())
@@ -33,6 +35,8 @@ RULE_SOURCES = {
     "decay_chunks": decay_k.decay_source,
     "vector_gated_chunks": vector_k.vector_source,
     "delta_chunks": delta_k.delta_source,
+    "dplr_chunks": dplr_k.dplr_source,
+    "ssd_chunks": ssd_k.ssd_source,  # with ssd_bad_rows in the same source
 }
 
 

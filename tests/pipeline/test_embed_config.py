@@ -77,7 +77,7 @@ def test_every_flag_is_a_field_with_the_command_lines_default():
     assert _command_line(["--output", "o"]) == EmbedConfig(output="o")
     assert EmbedConfig.from_options(PipelineOptions(["--output", "o"])) == EmbedConfig(output="o")
     names = [f.dest for f in EMBED_FLAGS]
-    assert names[:3] == ["input", "input_format", "id_column"] and len(set(names)) == 27
+    assert names[:3] == ["input", "input_format", "id_column"] and len(set(names)) == 29
     assert "output_mode" in names  # what to do with an output folder that holds results
 
 

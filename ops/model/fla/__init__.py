@@ -9,6 +9,8 @@ folder          the folder's files: safetensors (sharded or not), the tokenizer;
 tensor_files    safetensors tensors one at a time in their stored dtype: mapped (local) or read
 runtime         FlaModel: the blocks, one chunk at a time, carried per-layer state
 state           the per-layer state: named arrays of fixed shape
+cache_interchange
+                the state as fla's cache object and back (`to_fla_cache`, `from_fla_cache`)
 families        the family modules' interface and its defaults; head layouts, short convs
 block           the model's layout (prefix, embedding, final norm) and fla's standard block
 dense           Dense: every matrix product, made by the load's Weights factory (the modes)
@@ -19,6 +21,7 @@ pieces          the layer pieces in NumPy (norms, SwiGLU, short conv, l2 norm, r
 fused           Numba passes for the elementwise steps that cost (SwiGLU, SiLU)
 """
 
+from .cache_interchange import FLA_CACHE_FAMILIES, from_fla_cache, to_fla_cache
 from .config import FAMILIES, FlaConfig, ModelFolderError
 from .folder import load_model
 from .runtime import FlaModel, LoadReport
@@ -26,11 +29,14 @@ from .state import LayerState, StateSpec
 
 __all__ = [
     "FAMILIES",
+    "FLA_CACHE_FAMILIES",
     "FlaConfig",
     "FlaModel",
     "LayerState",
     "LoadReport",
     "ModelFolderError",
     "StateSpec",
+    "from_fla_cache",
     "load_model",
+    "to_fla_cache",
 ]

@@ -177,6 +177,12 @@ def test_gpu_check_logic_runs_on_the_cpu_in_its_dry_run(tmp_path):
     assert ("gated_delta", "linstream delta_chunks", "bfloat16") in rows
     assert ("vector", "linstream vector_gated_chunks", "float32") in rows
     assert "| rule | implementation |" in proc.stdout
+    sd_cases = report["ssd_dplr_correctness"]["cases"]  # Mamba-2's SSD, RWKV-7's DPLR
+    assert all(case["ok"] for case in sd_cases) and "skipped" not in str(sd_cases)
+    assert sum(c.get("check") == "numba" for c in sd_cases) == 3
+    sd_rows = {(r["rule"], r["impl"], r["dtype"]) for r in report["ssd_dplr_throughput"]["rows"]}
+    assert ("ssd", "linstream ssd_chunks", "bfloat16") in sd_rows
+    assert ("dplr", "linstream dplr_chunks", "float32") in sd_rows
 
 
 def _gpu_check_rules():

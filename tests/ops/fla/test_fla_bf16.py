@@ -29,7 +29,6 @@ every mode and from a URL, and it is the SHA-256 of the bytes the safetensors li
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.fla_folders import TINY_CONFIGS, write_folder
+from helpers.streaming import stream_hidden_states
 from linstream.ops.model.fla import ModelFolderError, load_model
 
 pytestmark = pytest.mark.e2e  # subprocesses and fla's models: `make check` leaves it out
@@ -46,15 +46,6 @@ pytestmark = pytest.mark.e2e  # subprocesses and fla's models: `make check` leav
 SEED = 20261204
 T = 100
 ENV = "LINSTREAM_BF16_PRODUCTS"
-
-
-def stream(model, ids, bounds):
-    """Every hidden state over the pieces [a, b) of bounds, and the final states."""
-    states, pieces = None, []
-    for a, b in itertools.pairwise(bounds):
-        hs, states = model.hidden_states(ids[a:b], states)
-        pieces.append(hs)
-    return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))], states
 
 
 def rms(a, b) -> float:
@@ -99,7 +90,7 @@ def test_bfloat16_products_are_fla_with_each_product_input_rounded(fla_bf16_zoo,
     monkeypatch.setenv(ENV, "mkl")
     model = load_model(folder, compute_dtype="bfloat16")
     assert model.load_report.products.startswith("bfloat16 products by MKL")
-    hs, _ = stream(model, ids, [0, 37, 38, T])
+    hs, _ = stream_hidden_states(model, ids, [0, 37, 38, T])
     assert all(h.dtype == np.float32 for h in hs)
     own, err = rms(rounded, plain), rms(hs, plain)
     scale = rms(plain, [np.zeros_like(p) for p in plain])
@@ -121,14 +112,14 @@ def test_widened_bfloat16_is_the_float32_mode_bit_for_bit(tmp_path, family, monk
     b16 = load_model(folder, compute_dtype="bfloat16")
     assert b16.compute_mode == "bfloat16" and b16.compute_dtype == np.float32
     bounds = [0, 1, 300, 400]
-    want, want_st = stream(f32, ids, bounds)
-    got, got_st = stream(b16, ids, bounds)
+    want, want_st = stream_hidden_states(f32, ids, bounds)
+    got, got_st = stream_hidden_states(b16, ids, bounds)
     for a, b in zip(want, got, strict=True):
         assert np.array_equal(a, b)
     for a, b in zip(want_st, got_st, strict=True):
         assert all(np.array_equal(a[k], b[k]) for k in a)
     monkeypatch.setenv(ENV, "mkl")  # and the rounding engine really differs
-    mkl, _ = stream(load_model(folder, compute_dtype="bfloat16"), ids, bounds)
+    mkl, _ = stream_hidden_states(load_model(folder, compute_dtype="bfloat16"), ids, bounds)
     assert not np.array_equal(mkl[-1], want[-1])
 
 

@@ -24,8 +24,6 @@ Tolerances, derived from two facts the other tests establish:
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -33,6 +31,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fla", reason="flash-linear-attention is a test extra (make test installs it)")
 
 from helpers.fla_oracle import build_and_save, run_fla, tiny_configs  # noqa: E402
+from helpers.streaming import stream_hidden_states, worst  # noqa: E402
 from linstream.ops.model.fla import load_model  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # fla's models: `make check` leaves it out
@@ -47,20 +46,6 @@ FACTOR = 8  # test_fla_oracle.py's factor for another summation order
 def rms(a, b) -> float:
     d = np.concatenate([(np.asarray(x, np.float64) - y).ravel() for x, y in zip(a, b, strict=True)])
     return float(np.sqrt(np.mean(d * d)))
-
-
-def worst(a, b) -> float:
-    return max(
-        float(np.max(np.abs(np.asarray(x, np.float64) - y))) for x, y in zip(a, b, strict=True)
-    )
-
-
-def stream(model, ids):
-    states, pieces = None, []
-    for a, b in itertools.pairwise(BOUNDS):
-        hs, states = model.hidden_states(ids[a:b], states)
-        pieces.append(hs)
-    return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +75,7 @@ def runs(tmp_path_factory):
 def test_bfloat16_mode_against_fla_float32(runs, name, engine, monkeypatch):
     folder, ids, f32, f64, rounded = runs(name)
     monkeypatch.setenv(ENV, engine)
-    hs = stream(load_model(folder, compute_dtype="bfloat16"), ids)
+    hs, _ = stream_hidden_states(load_model(folder, compute_dtype="bfloat16"), ids, BOUNDS)
     scale = rms(f32, [np.zeros_like(h) for h in f32])
     err, big = rms(hs, f32), worst(hs, f32)
     e32, e = worst(f32, f64), rms(f32, f64)

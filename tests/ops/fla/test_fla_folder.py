@@ -8,7 +8,6 @@ checked against fla itself in test_fla_oracle.py.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.fla_folders import TINY_CONFIGS, bf16_round, random_weights, write_folder
+from helpers.streaming import stream_embeddings
 from linstream.ops.model.fla import LayerState, ModelFolderError, load_model
 from linstream.ops.model.weights import ModelFileError
 
@@ -348,11 +348,8 @@ for folder, out in zip(sys.argv[1::2], sys.argv[2::2]):
 
 
 def _streamed(model, ids):
-    st, embs = None, []
-    for a, b in itertools.pairwise(_CUTS):
-        emb, st = model.embed_chunk(ids[a:b], st)
-        embs.append(emb)
-    return {"emb": np.concatenate(embs)} | {f"{i}/{k}": s[k] for i, s in enumerate(st) for k in s}
+    emb, st = stream_embeddings(model, ids, _CUTS)
+    return {"emb": emb} | {f"{i}/{k}": s[k] for i, s in enumerate(st) for k in s}
 
 
 def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_path, monkeypatch):

@@ -20,8 +20,6 @@ on hidden states of magnitude 5.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,6 +29,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fla", reason="flash-linear-attention is a test extra (make test installs it)")
 
 from helpers.fla_oracle import build_and_save, run_fla, tiny_configs  # noqa: E402
+from helpers.streaming import random_bounds, stream_hidden_states, worst  # noqa: E402
 from linstream.ops.model.fla import load_model  # noqa: E402
 
 T = 100  # tokens: across the kernels' 32- and 64-token chunks
@@ -64,20 +63,6 @@ def zoo(tmp_path_factory):
     return get
 
 
-def stream(model, ids, bounds):
-    """linstream's hidden states over the pieces [a, b) of bounds, and the final states."""
-    states, pieces = None, []
-    for a, b in itertools.pairwise(bounds):
-        hs, states = model.hidden_states(ids[a:b], states)
-        pieces.append(hs)
-    return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))], states
-
-
-def worst(hs, ref) -> float:
-    assert len(hs) == len(ref)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(hs, ref, strict=True))
-
-
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(seed=st.integers(0, 2**32 - 1))
@@ -86,11 +71,10 @@ def worst(hs, ref) -> float:
 def test_streamed_hidden_states_equal_fla(zoo, name, dtype, seed):
     folder, ids, ref, e32 = zoo(name)
     rng = np.random.default_rng(seed)
-    cuts = rng.integers(1, T, size=int(rng.integers(0, 6))).tolist()
-    bounds = sorted({0, T, *cuts, *([1] if rng.random() < 0.3 else [])})
+    bounds = random_bounds(rng, T)
     print(f"model={name} dtype={dtype} seed={seed} bounds={bounds}")
     model = load_model(folder, compute_dtype=DTYPES[dtype])
-    hs, _ = stream(model, ids, bounds)
+    hs, _ = stream_hidden_states(model, ids, bounds)
     assert all(h.dtype == DTYPES[dtype] for h in hs)
     tol = FACTOR * e32 * unit_roundoff(DTYPES[dtype]) / unit_roundoff(np.float32)
     err = worst(hs, ref)
@@ -104,7 +88,7 @@ def test_token_by_token_equals_one_pass(zoo, name):
     folder, ids, ref, e32 = zoo(name)
     model = load_model(folder, compute_dtype=np.float64)
     n = 12
-    hs, _ = stream(model, ids[:n], list(range(n + 1)))
+    hs, _ = stream_hidden_states(model, ids[:n], list(range(n + 1)))
     tol = FACTOR * e32 * unit_roundoff(np.float64) / unit_roundoff(np.float32)
     assert worst(hs, [r[:n] for r in ref]) <= tol
 
@@ -117,7 +101,7 @@ def test_carried_state_is_fla_cache(zoo, name):
     folder, ids, _, e32 = zoo(name)
     _, cache = run_fla(folder, ids, torch.float64, splits=[40], return_cache=True)
     model = load_model(folder, compute_dtype=np.float64)
-    _, states = stream(model, ids, [0, 17, T])
+    _, states = stream_hidden_states(model, ids, [0, 17, T])
     family = model.config.common.family
     for i, st_i in enumerate(states):
         layer = cache[i]
@@ -147,7 +131,7 @@ def test_bfloat16_checkpoint_equals_fla_on_the_same_weights(tmp_path, name):
     e32 = worst(run_fla(folder, ids, torch.float32), ref)
     model = load_model(folder, compute_dtype=np.float64)
     assert model.load_report.disk_dtypes == ("BF16",)
-    hs, _ = stream(model, ids, [0, 7, 60])
+    hs, _ = stream_hidden_states(model, ids, [0, 7, 60])
     assert worst(hs, ref) <= FACTOR * e32 * unit_roundoff(np.float64) / unit_roundoff(np.float32)
 
 

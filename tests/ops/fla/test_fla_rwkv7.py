@@ -19,7 +19,6 @@ token).
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
@@ -33,6 +32,7 @@ pytest.importorskip("fla", reason="flash-linear-attention is a test extra (make 
 from helpers.fla_oracle import run_fla  # noqa: E402
 from helpers.fla_oracle_rwkv7 import patch_rwkv7_for_cpu  # noqa: E402
 from helpers.rwkv_mamba_models import model_config, write_model_folder  # noqa: E402
+from helpers.streaming import random_bounds, stream_hidden_states, worst  # noqa: E402
 from linstream.ops.model.fla import ModelFolderError, load_model  # noqa: E402
 
 T = 100  # tokens: fla's chunked path (64 tokens and more) and, in the splits, its recurrent one
@@ -98,20 +98,6 @@ def _skip_fla_layer_init():
     RWKV7Attention._initialize_weights = orig
 
 
-def stream(model, ids, bounds):
-    """linstream's hidden states over the pieces [a, b) of bounds, and the final states."""
-    states, pieces = None, []
-    for a, b in itertools.pairwise(bounds):
-        hs, states = model.hidden_states(ids[a:b], states)
-        pieces.append(hs)
-    return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))], states
-
-
-def worst(hs, ref) -> float:
-    assert len(hs) == len(ref)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(hs, ref, strict=True))
-
-
 def tolerance(e32, dtype) -> float:
     return FACTOR * e32 * unit_roundoff(dtype) / unit_roundoff(np.float32)
 
@@ -124,11 +110,10 @@ def tolerance(e32, dtype) -> float:
 def test_streamed_hidden_states_equal_fla(zoo, name, dtype, seed):
     folder, ids, ref, e32 = zoo(name)
     rng = np.random.default_rng(seed)
-    cuts = rng.integers(1, T, size=int(rng.integers(0, 6))).tolist()
-    bounds = sorted({0, T, *cuts, *([1] if rng.random() < 0.3 else [])})
+    bounds = random_bounds(rng, T)
     print(f"model={name} dtype={dtype} seed={seed} bounds={bounds}")
     model = load_model(folder, compute_dtype=DTYPES[dtype])
-    hs, _ = stream(model, ids, bounds)
+    hs, _ = stream_hidden_states(model, ids, bounds)
     assert all(h.dtype == DTYPES[dtype] for h in hs)
     err, tol = worst(hs, ref), tolerance(e32, DTYPES[dtype])
     print(f"error {err:.3g}, tolerance {tol:.3g} (fla float32's own error {e32:.3g})")
@@ -141,7 +126,7 @@ def test_token_by_token_equals_fla(zoo, dtype):
     folder, ids, ref, e32 = zoo("tiny")
     model = load_model(folder, compute_dtype=DTYPES[dtype])
     n = 20
-    hs, _ = stream(model, ids[:n], list(range(n + 1)))
+    hs, _ = stream_hidden_states(model, ids[:n], list(range(n + 1)))
     assert worst(hs, [r[:n] for r in ref]) <= tolerance(e32, DTYPES[dtype])
 
 
@@ -153,7 +138,7 @@ def test_carried_state_is_fla_cache(zoo, name):
     folder, ids, _, e32 = zoo(name)
     _, cache = run_fla(folder, ids, torch.float64, splits=[40], return_cache=True)
     model = load_model(folder, compute_dtype=np.float64)
-    _, states = stream(model, ids, [0, 17, T])
+    _, states = stream_hidden_states(model, ids, [0, 17, T])
     tol = tolerance(e32, np.float64)
     assert model.state_layout()[0][0] == "S"
     for i, st_i in enumerate(states):
@@ -185,7 +170,7 @@ def test_bfloat16_checkpoint_and_shards_equal_fla(tmp_path):
     a, b = load_model(one, compute_dtype=np.float64), load_model(many, compute_dtype=np.float64)
     assert a.load_report.disk_dtypes == ("BF16",) and b.load_report.files > 2
     assert a.fingerprint == b.fingerprint
-    hs, _ = stream(b, ids, [0, 7, 70])
+    hs, _ = stream_hidden_states(b, ids, [0, 7, 70])
     assert worst(hs, ref) <= tolerance(e32, np.float64)
 
 

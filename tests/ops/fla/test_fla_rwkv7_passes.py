@@ -19,6 +19,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers.streaming import random_bounds
 from linstream.ops.model.fla import rwkv7_passes as passes
 
 torch = pytest.importorskip("torch")
@@ -29,10 +30,6 @@ DTYPES = [np.float32, np.float64]
 
 def u(dt) -> float:
     return float(np.finfo(dt).eps) / 2
-
-
-def splits(rng, t):
-    return sorted({0, t, *rng.integers(1, t, size=int(rng.integers(0, 5))).tolist()})
 
 
 def close(got, want, m, dt, scale):
@@ -53,7 +50,7 @@ def test_token_shifts_over_splits_equal_fla(dt, seed):
 
     rng = np.random.default_rng(seed)
     t, d = int(rng.integers(2, 90)), int(rng.integers(1, 40))
-    bounds = splits(rng, t)
+    bounds = random_bounds(rng, t, max_cuts=4, small=())
     print(f"seed={seed} T={t} D={d} bounds={bounds}")
     h = rng.standard_normal((t, d)).astype(dt)
     mix = rng.random((6, d)).astype(dt)

@@ -23,8 +23,6 @@ bias and of width 3 and 4, in/out-projection biases, residual_in_fp32 either way
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +33,7 @@ pytest.importorskip("transformers", reason="transformers is a test extra (make t
 
 from helpers.mamba2_oracle import mamba2_cache, run_mamba2  # noqa: E402
 from helpers.rwkv_mamba_models import model_config, write_model_folder  # noqa: E402
+from helpers.streaming import random_bounds, stream_hidden_states, worst  # noqa: E402
 from linstream.ops.model.fla import load_model  # noqa: E402
 
 T = 100  # tokens: across the SSD kernel's 64-token chunks and the models' chunk_size
@@ -85,20 +84,6 @@ def zoo(tmp_path_factory):
     return get
 
 
-def stream(model, ids, bounds):
-    """linstream's hidden states over the pieces [a, b) of bounds, and the final states."""
-    states, pieces = None, []
-    for a, b in itertools.pairwise(bounds):
-        hs, states = model.hidden_states(ids[a:b], states)
-        pieces.append(hs)
-    return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))], states
-
-
-def worst(hs, ref) -> float:
-    assert len(hs) == len(ref)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(hs, ref, strict=True))
-
-
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(seed=st.integers(0, 2**32 - 1))
@@ -107,11 +92,10 @@ def worst(hs, ref) -> float:
 def test_streamed_hidden_states_equal_transformers(zoo, name, dtype, seed):
     folder, ids, ref, e32 = zoo(name)
     rng = np.random.default_rng(seed)
-    cuts = rng.integers(1, T, size=int(rng.integers(0, 6))).tolist()
-    bounds = sorted({0, T, *cuts, *([1, 2] if rng.random() < 0.3 else [])})
+    bounds = random_bounds(rng, T, small=(1, 2))
     print(f"model={name} dtype={dtype} seed={seed} bounds={bounds}")
     model = load_model(folder, compute_dtype=DTYPES[dtype])
-    hs, _ = stream(model, ids, bounds)
+    hs, _ = stream_hidden_states(model, ids, bounds)
     assert all(h.dtype == DTYPES[dtype] for h in hs)
     tol = tolerance(e32, DTYPES[dtype])
     err = worst(hs, ref)
@@ -125,7 +109,7 @@ def test_token_by_token_equals_one_pass(zoo, name):
     folder, ids, ref, e32 = zoo(name)
     model = load_model(folder, compute_dtype=np.float64)
     n = 12
-    hs, _ = stream(model, ids[:n], list(range(n + 1)))
+    hs, _ = stream_hidden_states(model, ids[:n], list(range(n + 1)))
     assert worst(hs, [r[:n] for r in ref]) <= tolerance(e32, np.float64)
 
 
@@ -137,7 +121,7 @@ def test_carried_state_is_transformers_cache(zoo, name):
     folder, ids, _, e32 = zoo(name)
     cache = mamba2_cache(folder, ids, torch.float64)
     model = load_model(folder, compute_dtype=np.float64)
-    _, states = stream(model, ids, [0, 17, 18, T])
+    _, states = stream_hidden_states(model, ids, [0, 17, 18, T])
     assert [n for n, _ in model.state_layout()] == ["S", "conv_xbc"]
     for st_i, (ssm, conv) in zip(states, cache, strict=True):
         scale = max(1.0, float(np.max(np.abs(ssm))))
@@ -159,7 +143,7 @@ def test_bfloat16_checkpoint_equals_transformers_on_the_same_weights(tmp_path):
     e32 = worst(run_mamba2(folder, ids, torch.float32), ref)
     model = load_model(folder, compute_dtype=np.float64)
     assert model.load_report.disk_dtypes == ("BF16",)
-    hs, _ = stream(model, ids, [0, 7, 60])
+    hs, _ = stream_hidden_states(model, ids, [0, 7, 60])
     assert worst(hs, ref) <= tolerance(e32, np.float64)
 
 

@@ -15,58 +15,13 @@ reference run (every decay is ≤ 1, and the rank-1 transitions used here do not
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
+from helpers.dplr_cases import DTYPES, inputs, run, tolerance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from linstream.ops.dplr.naive import dplr_recurrent
 from linstream.ops.dplr.numba import SPAN, dplr_chunks
-
-DTYPES = {"f64-state64": (np.float64, np.float64), "f32-state64": (np.float32, np.float64),
-          "f32-state32": (np.float32, np.float32)}  # fmt: skip
-RWKV_LOWER = -0.6065306597126334  # RWKV-7's decays: w = −e^{-1/2}·sigmoid(·)
-
-
-def inputs(rng, t, h, dk, dv, form="rwkv"):
-    """q, k, v, a, b, log_w [T, H, ·] float64: RWKV-7's form (a = −k̂, b = k̂·α with k̂ a unit
-    vector and α in (0, 1), decays in its range) or a general one (a, b random with
-    |a|·|b| ≤ 1/2, decays from e^0 down to e^-3)."""
-    q, k = rng.standard_normal((2, t, h, dk))
-    v = rng.standard_normal((t, h, dv))
-    if form == "rwkv":
-        kk = rng.standard_normal((t, h, dk))
-        kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
-        a, b = -kk, kk * rng.random((t, h, dk))
-        log_w = RWKV_LOWER * rng.random((t, h, dk))
-    else:
-        a, b = rng.standard_normal((2, t, h, dk))
-        a /= np.linalg.norm(a, axis=-1, keepdims=True) * np.sqrt(2)
-        b /= np.linalg.norm(b, axis=-1, keepdims=True) * np.sqrt(2)
-        log_w = -3.0 * rng.random((t, h, dk)) ** 2
-    return q, k, v, a, b, log_w
-
-
-def run(x, s0, bounds, c, cdt, sdt):
-    """The kernel over the calls [lo, hi) of `bounds` from state s0: (out [T, H, d_v], S)."""
-    s = np.array(s0, dtype=sdt)
-    outs = []
-    for lo, hi in itertools.pairwise(bounds):
-        o = dplr_chunks(*(np.asarray(y[lo:hi], cdt) for y in x), s, chunk_size=c)
-        assert o.dtype == cdt and s.dtype == sdt
-        outs.append(o)
-    return np.concatenate(outs), s
-
-
-def tolerance(x, out_ref, s_ref, t, c, cdt, sdt):
-    q, k, v, a, b, _ = (float(np.max(np.abs(y))) for y in x)
-    sm, om = float(np.max(np.abs(s_ref))), float(np.max(np.abs(out_ref)))
-    m = max(q, 1.0) * max(sm, k * v, b * a * sm, om)
-    dk = x[0].shape[2]
-    n = 2 * dk * (c + 1) + c + -(-t // c)
-    u = float(np.finfo(cdt).eps) / 2 + float(np.finfo(sdt).eps) / 2
-    return 4 * n * u * m
 
 
 @pytest.mark.parametrize("form", ["rwkv", "general"])

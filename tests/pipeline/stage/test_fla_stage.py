@@ -17,6 +17,7 @@ import pytest
 from apache_beam.internal import pickler
 from helpers.fla_folders import TINY_CONFIGS, write_folder
 from helpers.stage_runs import run_stage
+from helpers.streaming import stream_chunks
 from linstream.ops import load_model
 from linstream.pipeline import Chunk, EmbedSequences
 from linstream.pipeline.stage.steps import EmbedStep
@@ -46,11 +47,7 @@ def _sequence(rng, seq_id, vocab):
 
 def _direct(model, chunks, layer=None):
     """The model called chunk by chunk (the reference every result must equal bit for bit)."""
-    states, out = None, {}
-    for c in chunks:
-        emb, states = model.embed_chunk(c.data, states, layer=layer)
-        out[(c.seq_id, c.index)] = emb
-    return out
+    return stream_chunks(model, chunks, layer=layer)[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -155,9 +152,8 @@ def test_a_float32_state_is_carried_and_committed_as_float32(folders, tmp_path):
         folders["delta_net"], state_dtype="float32", checkpoint_dir=ckpt, emit="tokens"
     )
     run = run_stage(chunks, t)
-    states, want = model.initial_states(np.float32), {}
-    for c in chunks:
-        want[c.index], states = model.embed_chunk(c.data, states)
+    by_key, states = stream_chunks(model, chunks, model.initial_states(np.float32))
+    want = {index: emb for (_, index), emb in by_key.items()}
     assert [r.index for r in run.results] == sorted(want)
     for r in run.results:
         assert np.array_equal(r.output, want[r.index])
