@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 from linstream.pipeline.stage.spans.rows import spans_table
 
-__all__ = ["progress_bar", "results_table"]
+__all__ = ["COMPUTE_DTYPE_KEY", "progress_bar", "results_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +25,26 @@ class _Row:
     output: np.ndarray
 
 
+#: the schema metadata key of the compute dtype the rows were computed in
+COMPUTE_DTYPE_KEY = b"linstream.compute_dtype"
+
+
 def results_table(
-    rows: Sequence[tuple[str, int, int, np.ndarray]], width: int, *, per_token: bool
+    rows: Sequence[tuple[str, int, int, np.ndarray]],
+    width: int,
+    *,
+    per_token: bool,
+    compute_dtype: str | None = None,
 ) -> pa.Table:
     """(seq_id, chunk_index, start_position, vector or [tokens, width] array) rows as a Table,
-    built as `linstream embed` builds its result files (`spans_table`)."""
+    built as `linstream embed` builds its result files (`spans_table`); the compute dtype the
+    rows were computed in, when given, in its schema metadata (COMPUTE_DTYPE_KEY)."""
     results: Any = [_Row(seq, int(idx), int(start), out) for seq, idx, start, out in rows]
-    return spans_table(results, per_token=per_token, width=width)
+    table = spans_table(results, per_token=per_token, width=width)
+    if compute_dtype is None:
+        return table
+    meta = {**(table.schema.metadata or {}), COMPUTE_DTYPE_KEY: compute_dtype.encode()}
+    return table.replace_schema_metadata(meta)
 
 
 class _NoBar:

@@ -106,7 +106,8 @@ def embed(
     emit: "sequence" (one vector per sequence, the mean over all its tokens: a float32 array
         [n, d_model], or [d_model] for a single text), or "mean" / "last" / "tokens" (per
         chunk or per token: a pyarrow Table with the columns of `linstream embed`'s results:
-        seq_id, chunk_index, start_position, embedding or embeddings).
+        seq_id, chunk_index, start_position, embedding or embeddings; the compute dtype the
+        rows were computed in is in its schema metadata, ``b"linstream.compute_dtype"``).
     chunk_tokens, tokenizer, backend, state_dtype: as the `linstream embed` flags of those
         names (the tokenizer defaults to the one the model names, else builtin:bytes).
     as_table: a Table for emit="sequence" too (with each sequence's id).
@@ -326,7 +327,9 @@ class _Job:
             result: Any = vectors[0] if single and len(found) == 1 else vectors
         else:
             rows = [(r.seq_id, r.index, r.start_position, r.output) for r in results]
-            result = results_table(rows, width, per_token=self.emit == "tokens")
+            result = results_table(
+                rows, width, per_token=self.emit == "tokens", compute_dtype=self.step.compute_dtype
+            )
         if return_dead_letters:
             return result, dead
         if dead:

@@ -25,7 +25,7 @@ run, the rows of the result files this job added.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from linstream.pipeline.errors import UsageError
@@ -104,7 +104,12 @@ class OutputFolder:
         config = self.config
         width = int(model.config.d_model)
         mine = OutputRecord.for_job(
-            config.emit, width, config.model, str(model.fingerprint), chunk_tokens
+            config.emit,
+            width,
+            config.model,
+            str(model.fingerprint),
+            chunk_tokens,
+            str(config.compute_dtype),
         )
         out = str(config.output)
         if self.contents is None:
@@ -114,7 +119,9 @@ class OutputFolder:
             schema = self.contents.results_schema()
             held = None if schema is None else OutputRecord.of_schema(schema)
         if held is not None and not self.contents.empty:
-            _check_fits(out, held, mine)
+            _check_fits(out, held, mine, resume=bool(config.resume))
+            if set(mine.compute_dtypes) - set(held.compute_dtypes):  # a resume in a new mode
+                mine = replace(mine, compute_dtypes=held.compute_dtypes + mine.compute_dtypes)
         return OutputPlan(out, mine, False, frozenset(self.contents.result_files))
 
 
@@ -150,8 +157,9 @@ def check_output_folder(config: EmbedConfig) -> OutputFolder:
     return OutputFolder(config, contents, held)
 
 
-def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
-    """Refuse rows of another schema, emit or model than those ``out`` holds."""
+def _check_fits(out: str, held: OutputRecord, mine: OutputRecord, *, resume: bool) -> None:
+    """Refuse rows of another schema, emit or model than those ``out`` holds, and rows of
+    another compute dtype unless the job resumes its checkpoints (which continue in any mode)."""
     fix = "use another --output, or --output-mode overwrite to replace them"
     if held.columns != mine.columns or (held.emit in EMIT_MODES and held.emit != mine.emit):
         msg = (
@@ -164,6 +172,16 @@ def _check_fits(out: str, held: OutputRecord, mine: OutputRecord) -> None:
             f"--output {out} holds embeddings of model {held.model} (fingerprint "
             f"{held.fingerprint[:12]}), this job's model is {mine.model} (fingerprint "
             f"{mine.fingerprint[:12]}): embeddings of two models do not mix in one folder; {fix}"
+        )
+        raise UsageError(msg)
+    if held.compute_dtypes and not resume and held.compute_dtypes != mine.compute_dtypes:
+        modes = " and ".join(held.compute_dtypes)
+        same = f"--compute-dtype {modes}, " if len(held.compute_dtypes) == 1 else ""
+        msg = (
+            f"--output {out} holds embeddings computed in {modes}; this job computes in "
+            f"{' and '.join(mine.compute_dtypes)} (--compute-dtype): rows of two compute dtypes "
+            f"differ and nothing in a row says which it is ({RECORD_NAME}); use {same}another "
+            f"--output, or --output-mode overwrite to replace them"
         )
         raise UsageError(msg)
     if (

@@ -2,10 +2,13 @@
 
 A job writes ``<output>/_linstream_output.json`` before it writes any result (one JSON object:
 format, emit, width, the results' columns and their Arrow types, the model and its fingerprint,
-and the tokens per chunk when linstream cut the input into chunks), so that a later job on the
-same folder can tell whether its rows would fit: one results folder holds one schema, one
-model's embeddings and one chunking, never a mix that `pd.read_parquet` would return without a
-word (two chunkings would give one chunk index two different spans).  The name starts with "_",
+the compute dtypes its rows were computed in, and the tokens per chunk when linstream cut the
+input into chunks), so that a later job on the same folder can tell whether its rows would fit:
+one results folder holds one schema, one model's embeddings and one chunking, never a mix that
+`pd.read_parquet` would return without a word (two chunkings would give one chunk index two
+different spans).  The compute dtypes: one, unless a job resumed its checkpoints in another
+mode (`--resume --compute-dtype`; the chunks after the resume are the new mode's), which adds
+its own to the list.  The name starts with "_",
 so `pyarrow.dataset`, pandas and Spark skip it.
 
 Also here: what an output folder holds (its result and dead-letter files), how many rows result
@@ -61,13 +64,23 @@ class OutputRecord:
     #: tokens per chunk when linstream cut the input (None: the input came as chunks, or an
     #: older folder's record, which did not say)
     chunk_tokens: int | None = None
+    #: the compute dtypes (`--compute-dtype`: float32, float64, bfloat16) the rows were
+    #: computed in, in the order the jobs ran; () in an older folder's record, which did not say
+    compute_dtypes: tuple[str, ...] = ()
 
     @classmethod
     def for_job(
-        cls, emit: str, width: int, model: str, fingerprint: str, chunk_tokens: int | None = None
+        cls,
+        emit: str,
+        width: int,
+        model: str,
+        fingerprint: str,
+        chunk_tokens: int | None = None,
+        compute_dtype: str | None = None,
     ) -> OutputRecord:
         columns = _columns(result_schema(int(width), emit))
-        return cls(emit, int(width), columns, model, fingerprint, chunk_tokens)
+        modes = () if compute_dtype is None else (compute_dtype,)
+        return cls(emit, int(width), columns, model, fingerprint, chunk_tokens, modes)
 
     @classmethod
     def of_schema(cls, schema: pa.Schema) -> OutputRecord:
@@ -91,6 +104,7 @@ class OutputRecord:
             "model": self.model,
             "model_fingerprint": self.fingerprint,
             "chunk_tokens": self.chunk_tokens,
+            "compute_dtypes": list(self.compute_dtypes),
         }
 
     @classmethod
@@ -108,6 +122,7 @@ class OutputRecord:
                 str(obj.get("model", "")),
                 str(obj.get("model_fingerprint", "")),
                 None if chunk is None else int(chunk),
+                tuple(str(m) for m in obj.get("compute_dtypes") or ()),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as ex:
             msg = f"{where}: not a linstream output record ({type(ex).__name__}: {ex})"

@@ -9,7 +9,9 @@ against it, and a mapped load's time and memory.
         -m bench -s -p no:randomly          # a smoke run: tiny models, proves it runs
 
 Each (family, mode) runs in a fresh process on the same random bfloat16 folder (~110M
-parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 threads:
+parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them; RWKV-7 ~190M and
+Mamba-2 ~130M built with fla's and transformers' own classes, `helpers.rwkv_mamba_models`),
+2 threads:
 
 - tokens/s: ROUNDS rounds, each one CHUNK-token chunk then CHUNK tokens in SMALL-token chunks,
   both carrying their own state, after a warm-up of each (Numba's compilation); the small/large
@@ -23,7 +25,13 @@ parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 th
   and activations, layout copies, other).
 - fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
   carrying its cache, cold and warm (see test_bench_fla.py); its first chunk's hidden states are
-  the reference for each mode's error (rms of the difference over the rms of fla's).
+  the reference for each mode's error (rms of the difference over the rms of fla's).  RWKV-7 and
+  Mamba-2: their own classes' CPU forward (`run_own_class`), two whole-sequence calls of the
+  first chunk (cold, warm).
+- `linstream embed` against the loop (`test_bench_embed_against_the_loop`): the command on the
+  GLA folder and the runtime's own loop over the same tokens and chunks (2,048 and 64), each in
+  a fresh process; the ratio of their tokens/s, asserted at the bench size (≥ 0.95 and ≥ 0.8).
+  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence (two sequences).
 - the mapped load (`test_bench_mapped_load`): a ~1.3B GLA folder in bfloat16 loaded in the
   bfloat16 mode in a fresh process: seconds, the weights as held, the growth of the process's
   high-water mark and of its anonymous memory (a mapped load adds file pages, not copies).
@@ -31,13 +39,14 @@ parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them), 2 th
 On a CPU without bfloat16 matrix instructions (AVX512_BF16, AMX-BF16) the bfloat16 mode widens
 its weights per product: about the float32 mode's speed with half the weights' memory; the table
 says which engine ran.  Nothing is asserted about speed but the small-chunk ratio (≥ 0.5 at the
-bench size); the figures go to docs/benchmarks.md.
+bench size) and the command against the loop; the figures go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -70,7 +79,18 @@ else:
     # fla-hub/gla-1.3B's shape: 1.37B parameters, 2.6 GB in bfloat16
     BIG = {"model_type": "gla", "hidden_size": 2048, "num_hidden_layers": 24, "num_heads": 4,
            "expand_k": 0.5, "expand_v": 1.0, "vocab_size": VOCAB}  # fmt: skip
+#: RWKV-7 (fla's RWKV7ForCausalLM) and Mamba-2 (transformers' Mamba2ForCausalLM), built with
+#: their own classes (`helpers.rwkv_mamba_models`, its sizes: ~190M and ~130M at "bench")
+OWN_CLASS_FAMILIES = ("rwkv7", "mamba2")
+FAMILIES = (*CONFIGS, *OWN_CLASS_FAMILIES)
 MODES = ("float32", "bfloat16")
+# `linstream embed` against the runtime's own loop: GLA (CONFIGS), EMBED_SEQUENCES sequences of
+# EMBED_TOKENS tokens each, at CHUNK- and SMALL-token chunks
+EMBED_SEQUENCES = 2
+EMBED_TOKENS = int(
+    os.environ.get("LINSTREAM_BENCH_EMBED_TOKENS", 1024 if SIZE == "tiny" else 16384)
+)
+EMBED_RATIOS = {CHUNK: 0.95, SMALL: 0.8}  # the command keeps this share of the loop's tokens/s
 SMALL_RATIO = 0.5  # 64-token chunks keep at least half the 2,048-token chunks' tokens/s
 
 
@@ -82,8 +102,12 @@ def _status(key: str) -> int:
     return 0
 
 
-def _tokens(n: int) -> np.ndarray:
-    return np.random.default_rng(SEED).integers(0, VOCAB, n)
+def _tokens(n: int, folder: str | Path | None = None) -> np.ndarray:
+    """n seeded ids below VOCAB and the folder's vocabulary size."""
+    vocab = VOCAB
+    if folder is not None:
+        vocab = min(vocab, json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
+    return np.random.default_rng(SEED).integers(0, vocab, n)
 
 
 # -- children ----------------------------------------------------------------------------------
@@ -115,7 +139,7 @@ def run_mode(folder: str, mode: str) -> dict:
     from linstream.ops.model.fla import dense, load_model
 
     model = load_model(folder, compute_dtype=mode)
-    ids = _tokens(CHUNK * (ROUNDS + 2))
+    ids = _tokens(CHUNK * (ROUNDS + 2), folder)
     first, _ = model.embed_chunk(ids[:CHUNK], None)  # warm-up: compiles the kernels
     np.save(Path(folder) / f"linstream_{mode}.npy", first)
     model.embed_chunk(ids[:SMALL], None)
@@ -170,7 +194,7 @@ def run_fla(folder: str) -> dict:
     patch_fla_for_cpu()
     torch.set_num_threads(2)
     model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.as_tensor(_tokens(2 * CHUNK))[None]
+    ids = torch.as_tensor(_tokens(2 * CHUNK, folder))[None]
     out: dict = {}
     with torch.no_grad():
         cache = None
@@ -182,6 +206,56 @@ def run_fla(folder: str) -> dict:
             if name == "cold":
                 np.save(Path(folder) / "fla.npy", res.last_hidden_state[0].numpy())
     return {**out, "peak_rss": _status("VmHWM")}
+
+
+def run_own_class(folder: str, family: str) -> dict:
+    """RWKV-7 (fla) / Mamba-2 (transformers) in float32 on the CPU, torch at 2 threads: two
+    whole-sequence forwards of the first CHUNK tokens (the first call in a process is the cold
+    one; transformers' Mamba-2 cannot continue through its cache on the CPU, see
+    `helpers.rwkv_mamba_models`); the first call's final hidden states are the reference."""
+    import torch
+    from helpers.rwkv_mamba_models import load_model, run_model
+
+    torch.set_num_threads(2)
+    model = load_model(folder, family)
+    ids = _tokens(CHUNK, folder)
+    out: dict = {}
+    for name in ("cold", "warm"):
+        t0 = time.perf_counter()
+        hidden, _ = run_model(model, ids)
+        out[name] = CHUNK / (time.perf_counter() - t0)
+        if name == "cold":
+            np.save(Path(folder) / "fla.npy", hidden)
+    return {**out, "peak_rss": _status("VmHWM")}
+
+
+def _embed_input(path: Path, folder: str) -> list[np.ndarray]:
+    """EMBED_SEQUENCES token sequences of EMBED_TOKENS, written as tokens-jsonl at path."""
+    ids = _tokens(EMBED_SEQUENCES * EMBED_TOKENS, folder).reshape(EMBED_SEQUENCES, -1)
+    with open(path, "w") as f:
+        for i, seq in enumerate(ids):
+            f.write(json.dumps({"id": f"s{i}", "tokens": seq.tolist()}) + "\n")
+    return list(ids)
+
+
+def run_loop(folder: str, chunk: str) -> dict:
+    """The runtime's own loop over the embed input's sequences: each cut into chunks of
+    `chunk` tokens carrying its state, each chunk's mean taken (what --emit mean writes),
+    after a warm-up chunk (Numba's compilation; the job loads it from the cache)."""
+    from linstream.ops.model.fla import load_model
+
+    model = load_model(folder)
+    c = int(chunk)
+    seqs = _tokens(EMBED_SEQUENCES * EMBED_TOKENS, folder).reshape(EMBED_SEQUENCES, -1)
+    model.embed_chunk(seqs[0][:c], None)
+    t0 = time.perf_counter()
+    for seq in seqs:
+        state = None
+        for a in range(0, len(seq), c):
+            emb, state = model.embed_chunk(seq[a : a + c], state)
+            emb.mean(axis=0, dtype=np.float64)
+    seconds = time.perf_counter() - t0
+    return {"tokens": int(seqs.size), "seconds": seconds}
 
 
 def run_load(folder: str) -> dict:
@@ -198,7 +272,13 @@ def run_load(folder: str) -> dict:
             "disk": r.disk_bytes, "parameters": r.parameters, **grew}  # fmt: skip
 
 
-CHILDREN = {"mode": run_mode, "fla": run_fla, "load": run_load}
+CHILDREN = {
+    "mode": run_mode,
+    "fla": run_fla,
+    "own_class": run_own_class,
+    "loop": run_loop,
+    "load": run_load,
+}
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -222,6 +302,15 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _own_class_folder(path: Path, family: str) -> Path:
+    """RWKV-7 / Mamba-2 at the bench size (or "tiny"), saved in bfloat16 by its own class."""
+    import torch
+    from helpers.rwkv_mamba_models import write_model_folder
+
+    size = "tiny" if SIZE == "tiny" else "bench"
+    return write_model_folder(path, family, size, seed=SEED, dtype=torch.bfloat16)
+
+
 @pytest.mark.bench
 def test_bench_fla_roof(tmp_path):
     pytest.importorskip("torch")
@@ -235,14 +324,18 @@ def test_bench_fla_roof(tmp_path):
         f"{os.cpu_count()} CPUs; load average at the start {_load()}",
         "",
         "| model | mode | tok/s | tok/s at small chunks (ratio) | GFLOP/s achieved / GEMM roof "
-        "(share) | time: products / recurrence / norms+act / layout / other | fla tok/s (cold / "
-        "warm) | error vs fla float32 | weights held |",
+        "(share) | time: products / recurrence / norms+act / layout / other | fla / transformers "
+        "tok/s (cold / warm) | error vs fla float32 | weights held |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     engines, ratios = set(), {}
-    for family, cfg in CONFIGS.items():
-        folder = write_folder(tmp_path / family, cfg, dtype="BF16", seed=SEED)
-        fla = _run("fla", str(folder))
+    for family in FAMILIES:
+        if family in CONFIGS:
+            folder = write_folder(tmp_path / family, CONFIGS[family], dtype="BF16", seed=SEED)
+            fla = _run("fla", str(folder))
+        else:
+            folder = _own_class_folder(tmp_path / family, family)
+            fla = _run("own_class", str(folder), family)
         ref = np.load(folder / "fla.npy")
         for mode in MODES:
             r = _run("mode", str(folder), mode)
@@ -268,6 +361,57 @@ def test_bench_fla_roof(tmp_path):
     if SIZE != "tiny":  # at the tiny size a chunk is too short to be anyone's workload
         for key, ratio in ratios.items():
             assert ratio >= SMALL_RATIO, (key, ratio)
+
+
+_SUMMARY = re.compile(r"([\d,]+) tokens in ([\d.]+) s \(([\d,]+) tokens/s\)")
+
+
+@pytest.mark.bench
+def test_bench_embed_against_the_loop(tmp_path):
+    """`linstream embed` (the command, Beam's FnApiRunner, --emit mean, checkpoints) on the GLA
+    folder against the runtime's own loop over the same tokens and chunks, each in a fresh
+    process, the loop first then the command (its Numba kernels then come from the cache the
+    loop filled), at CHUNK- and SMALL-token chunks: the command's tokens/s as it prints them
+    (its pipeline's wall time: the model load and the process start-up excluded) over the
+    loop's."""
+    from helpers.fla_folders import write_folder
+
+    folder = write_folder(tmp_path / "gla", CONFIGS["gla"], dtype="BF16", seed=SEED)
+    inp = tmp_path / "in.jsonl"
+    _embed_input(inp, str(folder))
+    lines = [
+        f"`linstream embed` against the runtime's loop: GLA, {EMBED_SEQUENCES} sequences of "
+        f"{EMBED_TOKENS:,} tokens, --emit mean; load average at the start {_load()}",
+        "",
+        "| chunk | loop tok/s | linstream embed tok/s | ratio | promised |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    got = {}
+    for chunk, promised in EMBED_RATIOS.items():
+        loop = _run("loop", str(folder), str(chunk))
+        cmd = [
+            str(Path(sys.executable).with_name("linstream")), "embed", "--model", str(folder),
+            "--input", str(inp), "--input-format", "tokens-jsonl",
+            "--chunk-tokens", str(chunk), "--emit", "mean", "--progress-every", "0",
+            "--output", str(tmp_path / f"out-{chunk}"),
+            "--checkpoint-dir", str(tmp_path / f"ckpt-{chunk}"),
+        ]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=7200)
+        assert r.returncode == 0, r.stdout + r.stderr
+        found = _SUMMARY.findall(r.stdout + r.stderr)
+        assert found, r.stdout + r.stderr
+        tokens, seconds = int(found[-1][0].replace(",", "")), float(found[-1][1])
+        assert tokens == loop["tokens"], (tokens, loop)
+        loop_rate, job_rate = loop["tokens"] / loop["seconds"], tokens / seconds
+        got[chunk] = job_rate / loop_rate
+        lines.append(
+            f"| {chunk} | {loop_rate:.0f} | {job_rate:.0f} | {got[chunk]:.2f} | ≥ {promised} |"
+        )
+    lines.append(f"load average at the end {_load()}")
+    print("\n" + "\n".join(lines))
+    if SIZE != "tiny":  # a tiny model's chunk is Beam's overhead, not the model's work
+        for chunk, ratio in got.items():
+            assert ratio >= EMBED_RATIOS[chunk], (chunk, ratio)
 
 
 @pytest.mark.bench

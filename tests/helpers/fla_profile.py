@@ -11,9 +11,10 @@ once):
 
 - products: every `dense.Dense` call (BLAS, or the bfloat16 products);
 - recurrence: the kernels the family modules import from `linstream.ops` (outside
-  `linstream.ops.model`: the decay, delta and rule kernels), found by their module, so a new
-  family's kernel is counted without a line here;
-- norms and activations: the functions of `pieces` and `fused` as each module calls them;
+  `linstream.ops.model`: the decay, delta, DPLR (RWKV-7), SSD (Mamba-2) and rule kernels),
+  found by their module, so a new family's kernel is counted without a line here;
+- norms and activations: the functions of `pieces`, `fused`, `rwkv7_passes` and
+  `mamba2_passes` as each module calls them (a module calling `passes.f` calls the patched f);
 - layout copies: `families.head_major` / `row_major`;
 - other (wall time minus the kinds): the embedding lookup, residual adds, dtype casts, state
   copies and the Python between the calls.
@@ -30,7 +31,8 @@ from typing import Any
 
 KINDS = ("products", "recurrence", "norms and activations", "layout copies")
 _LAYOUT = ("head_major", "row_major")
-_KERNELS = [["linstream", "ops", k] for k in ("additive", "decay", "delta", "rules")]
+_KERNELS = [["linstream", "ops", k] for k in ("additive", "decay", "delta", "dplr", "rules", "ssd")]
+_PASSES = ("pieces", "fused", "rwkv7_passes", "mamba2_passes")  # fla's modules of such passes
 
 
 class Profile:
@@ -75,10 +77,10 @@ class Profile:
 
     def __enter__(self) -> Profile:
         from linstream.ops.model import fla
-        from linstream.ops.model.fla import dense, fused, pieces
+        from linstream.ops.model.fla import dense
 
         self._patch(dense.Dense, "__call__", "products")
-        helpers = {pieces.__name__, fused.__name__}
+        helpers = {f"{fla.__name__}.{name}" for name in _PASSES}
         for info in pkgutil.iter_modules(fla.__path__):
             mod = importlib.import_module(f"{fla.__name__}.{info.name}")
             if mod is dense:

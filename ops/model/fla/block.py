@@ -24,7 +24,7 @@ import numpy as np
 
 from .config import CommonConfig
 from .dense import Dense, FusedProjection, Weights
-from .pieces import layer_norm, rms_norm, swiglu
+from .pieces import add_rms_norm, layer_norm, rms_norm, swiglu
 from .state import LayerState, StateSpec
 
 __all__ = [
@@ -139,8 +139,8 @@ class StandardBlock:
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
         a, new = self.mixer.forward(rms_norm(x, self.attn_norm, self.eps), state)
-        x = x + a
-        p = self.gate_up(rms_norm(x, self.mlp_norm, self.eps))
+        x, normed = add_rms_norm(x, a, self.mlp_norm, self.eps)  # x: a new array
+        p = self.gate_up(normed)
         x += self.down(swiglu(p["gate"], p["up"]))
         return x, new
 

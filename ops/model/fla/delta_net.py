@@ -27,7 +27,7 @@ from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
 from .families import ConvSet, head_major, row_major
-from .pieces import ACTIVATIONS, head_norm, l2_norm, sigmoid, silu, sum_norm
+from .pieces import ACTIVATIONS, head_norm, l2_heads, l2_norm, sigmoid, silu, sum_norm
 from .state import LayerState, StateSpec
 
 __all__ = ["DeltaNetSpec", "attn_tensors", "build", "parse"]
@@ -135,16 +135,17 @@ class DeltaNetMixer:
             q, k, v = p["q"], p["k"], silu(p["v"])
             if s.qk_activation == "silu":
                 q, k = silu(q), silu(k)
-        qh, kh, vh = (
-            head_major(q, s.head_k_dim),
-            head_major(k, s.head_k_dim),
-            head_major(v, s.head_v_dim),
-        )
-        if s.qk_activation != "silu":
-            qh, kh = ACTIVATIONS[s.qk_activation](qh), ACTIVATIONS[s.qk_activation](kh)
-        norm = l2_norm if s.qk_norm == "l2" else sum_norm
-        qh, kh = norm(qh), norm(kh)
-        qh *= x.dtype.type(s.head_k_dim**-0.5)
+        vh = head_major(v, s.head_v_dim)
+        scale = s.head_k_dim**-0.5
+        if s.qk_activation == "silu" and s.qk_norm == "l2":  # the default: one pass each
+            qh, kh = l2_heads(q, s.head_k_dim, scale), l2_heads(k, s.head_k_dim)
+        else:
+            qh, kh = head_major(q, s.head_k_dim), head_major(k, s.head_k_dim)
+            if s.qk_activation != "silu":
+                qh, kh = ACTIVATIONS[s.qk_activation](qh), ACTIVATIONS[s.qk_activation](kh)
+            norm = l2_norm if s.qk_norm == "l2" else sum_norm
+            qh, kh = norm(qh), norm(kh)
+            qh *= x.dtype.type(scale)
         beta = sigmoid(p["b"].astype(np.float64)) if s.use_beta else np.ones((t, s.num_heads))
         if s.allow_neg_eigval:
             beta = beta * 2.0

@@ -28,7 +28,9 @@ The contract (what a family may rely on, and what a compute mode may change):
   `split` (`linstream.ops.model.threads.row_split`: ranges fixed by the number of rows alone,
   BLAS at one thread, each range one call), or for a chunk too short for two row ranges its
   output's columns (ranges fixed by the output width), so its bits do not depend on the thread
-  count.
+  count.  The widening bfloat16 engine widens the whole weight once per product on the calling
+  thread before a long chunk's row ranges, and each column range's own rows of it on that
+  range's thread for a short chunk (so the widening is split too).
   `weights.dense(w, split=False)` is one call over all rows, for a product too small to be
   worth ranges (GLA's rank-16 gate); also independent of the thread count.
 - `weights.fused` keeps its parts apart (one product each, of the same input): measured on the
@@ -47,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.threads import MIN_ROWS
 
-from .bf16 import BF16, Engine, choose_engine
+from .bf16 import BF16, Engine, choose_engine, widened
 
 __all__ = ["MODES", "Dense", "FusedProjection", "RowSplit", "Weights", "compute_mode", "split_rows"]
 
@@ -87,6 +89,10 @@ def split_rows(split: RowSplit | None) -> Iterator[None]:
 
 def _blas_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     np.matmul(x, w.T, out=out)
+
+
+def _widened_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(x, widened(w).T, out=out)
 
 
 def _project(
@@ -144,6 +150,17 @@ class Dense:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         engine = self.engine
+        if (
+            engine is not None
+            and engine.name == "widen"
+            and self.split
+            and x.shape[0] < 2 * MIN_ROWS
+            and _SPLIT.get() is not None
+        ):
+            # a short chunk runs column ranges: each widens its own rows of the weight on its
+            # own thread, not the whole weight on the caller first (the same operands and
+            # calls as the float32 mode's, so the same bits)
+            return _project(x, self.weight, _widened_rows)
         if engine is None or engine.name == "widen":
             w = self.weight if engine is None else engine.operand(self.weight)
             # the float32 mode's very calls, on the widened weight (the same bits)

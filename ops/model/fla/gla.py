@@ -28,7 +28,7 @@ from linstream.ops.decay.vector_numba import vector_gated_chunks
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
 from .families import ConvSet, head_major, row_major
-from .pieces import ACTIVATIONS, head_norm, logsigmoid
+from .pieces import ACTIVATIONS, head_norm, log_gate
 from .state import LayerState, StateSpec
 
 __all__ = ["GLASpec", "attn_tensors", "build", "parse"]
@@ -148,14 +148,12 @@ class GLAMixer:
         q, k, v = p["q"], p["k"], p["v"]
         if s.conv_size:
             q, k, v = (self.conv(n, a, st, new) for n, a in (("q", q), ("k", k), ("v", v)))
-        gk = logsigmoid(self.gk1(p["gk0"]) + self.b_gk1) / GATE_NORMALIZER
-        if s.clamp_min is not None:
-            gk = np.maximum(gk, s.clamp_min)
         g = s.kv_groups
+        # logsigmoid(gk + b) / 16, clamped, head-major: one pass (`fused.log_gate`)
+        gh = log_gate(self.gk1(p["gk0"]), self.b_gk1, GATE_NORMALIZER, s.clamp_min, s.head_k_dim, g)
         qh = head_major(q, s.head_k_dim)
         kh = head_major(k, s.head_k_dim, g)
         vh = head_major(v, s.head_v_dim, g)
-        gh = head_major(gk.astype(x.dtype, copy=False), s.head_k_dim, g)
         if s.feature_map is not None:
             qh, kh = ACTIVATIONS[s.feature_map](qh), ACTIVATIONS[s.feature_map](kh)
         qh *= x.dtype.type(s.head_k_dim**-0.5)

@@ -1,6 +1,7 @@
 """The layer pieces of fla's models, in NumPy, for one chunk of T tokens in the compute dtype.
 
     rms_norm(x, w, eps)                 x / sqrt(mean(x²) + eps) · w        (w None: no weight)
+    add_rms_norm(x, a, w, eps)          (x + a, rms_norm(x + a, w, eps))    (a block's residual)
     layer_norm(x, w, b, eps)            (x − mean(x)) / sqrt(var(x) + eps) · w + b  (None: without)
     head_norm(o, w, eps, gate, act)     the same per head over d_v, times act(gate) if given
     swiglu(gate, up)                    silu(gate) · up
@@ -9,14 +10,16 @@
                                         chunk (`tail`); returns (y, the new tail)
     l2_norm(x)                          x / sqrt(Σx² + 1e-6) over the last axis (fla's kernels'
                                         formula: the eps is inside the root)
+    log_gate(z, b, n, clamp, d, rep)    max(logsigmoid(z + b) / n, clamp), head-major (GLA's gate)
+    l2_heads(x, d, scale)               l2_norm per head of x [T, H·d] · scale, head-major [H, T, d]
     sum_norm(x)                         x / max(Σ|x|, 1e-6)  (torch's F.normalize with p=1)
     rotary(x, cos, sin)                 rotary position embedding, halves not interleaved
     rotary_tables(dim, start, t, dt)    cos, sin [t, dim/2] for positions start..start+t−1
     silu, sigmoid, logsigmoid, softplus, elu_plus_one
 
 Every function returns a new array (the inputs are never written).  sigmoid uses the tanh form,
-logsigmoid the split min(x, 0) − log1p(e^−|x|), so nothing overflows for any finite input; silu
-and swiglu, on the large arrays, are fused Numba passes (`fused`).
+logsigmoid the split min(x, 0) − log1p(e^−|x|), so nothing overflows for any finite input; silu,
+swiglu and the RMS norms, on the large arrays, are fused Numba passes (`fused`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from . import fused
 
 __all__ = [
     "ACTIVATIONS",
+    "add_rms_norm",
     "elu_plus_one",
     "head_norm",
+    "l2_heads",
     "l2_norm",
     "layer_norm",
+    "log_gate",
     "logsigmoid",
     "rms_norm",
     "rotary",
@@ -69,6 +75,15 @@ def logsigmoid(x: np.ndarray) -> np.ndarray:
     return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
 
 
+def log_gate(
+    z: np.ndarray, b: np.ndarray, normalizer: float, clamp: float | None, d: int, repeat: int = 1
+) -> np.ndarray:
+    """max(logsigmoid(z + b) / normalizer, clamp) of z [T, K] (GLA's gate; clamp None: none),
+    head-major [K/d · repeat, T, d] (`families.head_major`'s layout), in one fused pass
+    (`fused.log_gate`)."""
+    return fused.log_gate(z, b, normalizer, clamp, d, repeat)
+
+
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + e^x), and x itself above 20, as torch's F.softplus (beta 1, threshold 20)."""
     with np.errstate(over="ignore"):
@@ -99,13 +114,31 @@ ACTIVATIONS = {
 }
 
 
+def _fusable(x: np.ndarray, ndim: int) -> bool:
+    return x.ndim == ndim and x.dtype in (np.float32, np.float64)
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x²) + eps) · w over the last axis."""
+    """x / sqrt(mean(x²) + eps) · w over the last axis (one fused pass, `fused.rms_norm`, for
+    2-D float32/float64 x)."""
+    if _fusable(x, 2):
+        return fused.rms_norm(x, w, eps)
     ms = np.einsum("...d,...d->...", x, x) / x.shape[-1]
     y = x * (1.0 / np.sqrt(ms + eps))[..., None].astype(x.dtype, copy=False)
     if w is not None:
         y *= w
     return y
+
+
+def add_rms_norm(
+    x: np.ndarray, a: np.ndarray, w: np.ndarray | None, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(h = x + a, rms_norm(h, w, eps)) for [T, D] arrays of one dtype: a block's residual and
+    its next norm (one fused pass, `fused.add_rms_norm`, for float32/float64)."""
+    if _fusable(x, 2) and a.dtype == x.dtype and a.shape == x.shape:
+        return fused.add_rms_norm(x, a, w, eps)
+    h = x + a
+    return h, rms_norm(h, w, eps)
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, eps: float) -> np.ndarray:
@@ -129,7 +162,12 @@ def head_norm(
     act: str = "swish",
 ) -> np.ndarray:
     """rms_norm over each head's d_v of o [T, H, d_v], times ACTIVATIONS[act](gate) [T, H, d_v]
-    when a gate is given (fla's FusedRMSNormGated; RMSNorm without one)."""
+    when a gate is given (fla's FusedRMSNormGated; RMSNorm without one).  For float32/float64
+    and the swish gate (or none) one fused pass (`fused.head_norm`), whose output is
+    C-contiguous whatever o's strides (o [T, H, d] as a view of the recurrence's [H, T, d]):
+    the output projection reads it as [T, H·d] without a copy."""
+    if _fusable(o, 3) and (gate is None or (act in ("swish", "silu") and gate.dtype == o.dtype)):
+        return fused.head_norm(o, w, eps, gate)
     y = rms_norm(o, w, eps)
     if gate is not None:
         y *= ACTIVATIONS[act](gate)
@@ -171,6 +209,18 @@ def l2_norm(x: np.ndarray) -> np.ndarray:
     """x / sqrt(Σx² + 1e-6) over the last axis."""
     ss = np.einsum("...d,...d->...", x, x)
     return x * (1.0 / np.sqrt(ss + _L2_EPS))[..., None].astype(x.dtype, copy=False)
+
+
+def l2_heads(x: np.ndarray, d: int, scale: float = 1.0) -> np.ndarray:
+    """l2_norm per head of d of x [T, H·d], times scale, head-major [H, T, d]
+    (`families.head_major`'s layout): `l2_norm(head_major(x, d)) · scale` in one fused pass
+    (`fused.l2_heads`) for float32/float64."""
+    if _fusable(x, 2):
+        return fused.l2_heads(x, d, _L2_EPS, scale)
+    t = x.shape[0]
+    h = l2_norm(np.ascontiguousarray(x.reshape(t, -1, d).transpose(1, 0, 2)))
+    h *= x.dtype.type(scale)
+    return h
 
 
 def sum_norm(x: np.ndarray) -> np.ndarray:
