@@ -4,7 +4,9 @@ sequence into calls, random chunk lengths, groups, head and state sizes, time-st
 skips (Hypothesis draws a seed; the seed and the case print and rebuild it).
 
 Tolerance, derived from the dtype (tests/helpers/ssd_cases.py): within FACTOR · e32 · u / u32 of
-transformers' float64 scan, e32 its own float32 run's error on the case.  Nothing is added for the
+transformers' float64 scan, e32 its own float32 run's error on the case (for the random draws: or
+within the a-priori bound of summation, when larger: one sampled rounding error against another
+can pass any fixed factor on a short case — the seed 7676 did).  Nothing is added for the
 kernel's segment sums: it sums each segment directly (`linstream.ops.ssd.numba`), as
 transformers' scan does, so their rounding is relative to the segment and within the same bound;
 differences of a chunk's prefix sums were not (their error grows with the decay before the
@@ -24,7 +26,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="transformers is a test extra (make test installs it)")
 
 from helpers.mamba2_oracle import chunk_scan  # noqa: E402
-from helpers.ssd_cases import FACTOR, U32, case, reference, streamed, unit, worst  # noqa: E402
+from helpers.ssd_cases import (  # noqa: E402
+    FACTOR,
+    U32,
+    case,
+    reference,
+    streamed,
+    tolerances,
+    unit,
+    worst,
+)
 from linstream.ops.ssd.naive import ssd_recurrent  # noqa: E402
 from linstream.ops.ssd.numba import ssd_chunks  # noqa: E402
 
@@ -48,16 +59,11 @@ def test_random_splits_equal_transformers_scan(dtypes, seed):
     bounds = sorted({0, t, *cuts})
     print(f"seed={seed} T={t} G={g} H={g * hpg} P={p} N={n} C={chunk} limit={limit} {bounds}")
     kw = case(rng, t, g, hpg, p, n)
-    y64, s64 = reference(kw, limit, torch.float64)
-    y32, s32 = reference(kw, limit, torch.float32)
-    e32 = max(worst(y32, y64), 1e-300)
-    e32s = max(worst(s32, s64), 1e-300)
+    ref = tolerances(kw, limit, cdt, sdt)  # the sampled bound, or the a-priori one if larger
+    y64, s64, tol, tol_s = ref["y64"], ref["s64"], ref["tol"], ref["tol_s"]
     y, s = streamed(kw, limit, bounds, cdt, sdt, chunk)
     assert y.dtype == cdt and s.dtype == sdt
-    u = max(unit(cdt), unit(sdt))
     err, err_s = worst(y, y64), worst(s, s64)
-    tol = FACTOR * e32 * u / U32
-    tol_s = FACTOR * e32s * u / U32
     print(f"error {err:.3g} (tolerance {tol:.3g}), state {err_s:.3g} ({tol_s:.3g})")
     assert err <= tol
     assert err_s <= tol_s
