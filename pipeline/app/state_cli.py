@@ -17,6 +17,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from .flag_values import non_negative_int
+
 __all__ = [
     "add_fork_parsers",
     "add_state_parser",
@@ -27,17 +29,6 @@ __all__ = [
 
 #: A fork or rewind removes no commit (its store keeps them all): the next job's retention does.
 _KEEP_ALL = 2**31
-
-
-def _position(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        msg = f"expected a whole number of tokens >= 0, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
 
 
 def add_state_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,7 +47,7 @@ def add_state_parser(subparsers: Any) -> argparse.ArgumentParser:
     export.add_argument("--seq", metavar="ID", help="the sequence whose state to write")
     export.add_argument(
         "--position",
-        type=_position,
+        type=non_negative_int,
         metavar="P",
         help="a retained commit's position (tokens); none: the newest commit",
     )
@@ -82,7 +73,7 @@ def add_fork_parsers(sub: Any) -> None:
     fork.add_argument("--seq", metavar="A", required=True, help="the sequence to copy")
     fork.add_argument("--as", dest="as_seq", metavar="B", required=True, help="the new sequence")
     fork.add_argument(
-        "--position", type=_position, metavar="P", help="a retained position of A (tokens)"
+        "--position", type=non_negative_int, metavar="P", help="a retained position of A (tokens)"
     )
     fork.add_argument(
         "--force",
@@ -98,7 +89,7 @@ def add_fork_parsers(sub: Any) -> None:
     rewind.add_argument("root", metavar="CKPT", help="checkpoint store root: a path or URL")
     rewind.add_argument("--seq", metavar="ID", required=True, help="the sequence to rewind")
     rewind.add_argument(
-        "--position", type=_position, metavar="P", required=True, help="a retained position"
+        "--position", type=non_negative_int, metavar="P", required=True, help="a retained position"
     )
     rewind.set_defaults(func=cmd_rewind)
 
