@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from linstream.pipeline.result_metadata import COMPUTE_DTYPE_KEY as COMPUTE_DTYPE_KEY
+from linstream.pipeline.result_metadata import with_compute_dtype
 from linstream.pipeline.stage.spans.rows import spans_table
 
 __all__ = ["COMPUTE_DTYPE_KEY", "progress_bar", "results_table"]
@@ -25,10 +27,6 @@ class _Row:
     output: np.ndarray
 
 
-#: the schema metadata key of the compute dtype the rows were computed in
-COMPUTE_DTYPE_KEY = b"linstream.compute_dtype"
-
-
 def results_table(
     rows: Sequence[tuple[str, int, int, np.ndarray]],
     width: int,
@@ -40,11 +38,7 @@ def results_table(
     built as `linstream embed` builds its result files (`spans_table`); the compute dtype the
     rows were computed in, when given, in its schema metadata (COMPUTE_DTYPE_KEY)."""
     results: Any = [_Row(seq, int(idx), int(start), out) for seq, idx, start, out in rows]
-    table = spans_table(results, per_token=per_token, width=width)
-    if compute_dtype is None:
-        return table
-    meta = {**(table.schema.metadata or {}), COMPUTE_DTYPE_KEY: compute_dtype.encode()}
-    return table.replace_schema_metadata(meta)
+    return with_compute_dtype(spans_table(results, per_token=per_token, width=width), compute_dtype)
 
 
 class _NoBar:

@@ -68,10 +68,11 @@ def add_checkpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
     gc.add_argument(
         "--keep-every-tokens",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
         help="also keep each sequence's first commit at or past every multiple of N tokens "
-        "(as `linstream embed --keep-every-tokens`); 0: none",
+        "(as `linstream embed --keep-every-tokens`); recorded in the store, so later jobs and "
+        "gc keep it without the flag; 0: none from now on; not given: the recorded N",
     )
     gc.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     gc.set_defaults(func=cmd_gc)
@@ -228,19 +229,22 @@ def cmd_gc(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.keep < 2:
         print("linstream checkpoint gc: --keep must be at least 2", file=sys.stderr)
         return 2
-    every = getattr(args, "keep_every_tokens", 0)
-    if every < 0:
+    every = getattr(args, "keep_every_tokens", None)
+    if every is not None and every < 0:
         print("linstream checkpoint gc: --keep-every-tokens must be at least 0", file=sys.stderr)
         return 2
     if _open(args.root, sys.stderr) is None:
         return 2
-    store = CheckpointStore(args.root, keep=args.keep, keep_every_tokens=every)
-    if args.dry_run:
+    store = CheckpointStore(args.root, keep=args.keep)
+    if args.dry_run:  # lists orphans only; the record is left as it is
         orphans = store.orphans()
         for path in orphans:
             print(f"orphan {path}", file=out)
         print(f"dry run: {len(orphans)} orphan file(s) under {args.root}", file=out)
         return 0
+    note = store.settle_keep_every(every)
+    if note:
+        print(f"linstream checkpoint gc: {note}", file=sys.stderr)
     removed = store.gc(grace_seconds=args.grace_seconds)
     for path in removed:
         print(f"removed {path}", file=out)

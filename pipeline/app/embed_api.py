@@ -176,7 +176,7 @@ class Resumable:
         compute_dtype: Any = None,
         threads: int | None = None,
         initial_state: Any = None,
-        keep_every_tokens: int = 0,
+        keep_every_tokens: int | None = None,
     ) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
             msg = f"checkpoint_every: expected a whole number >= 1, got {checkpoint_every!r}"

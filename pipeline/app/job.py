@@ -140,7 +140,10 @@ def build_embed_pipeline(
         results = results | "WindowResults" >> beam.WindowInto(FixedWindows(window))
         dead = dead | "WindowDeadLetters" >> beam.WindowInto(FixedWindows(window))
     if not config.commits_outputs:
-        results | "WriteResults" >> WriteResults(output, width, config.emit, config.num_shards)
+        writer = WriteResults(
+            output, width, config.emit, config.num_shards, compute_dtype=str(config.compute_dtype)
+        )
+        results | "WriteResults" >> writer
     dead | "WriteDeadLetters" >> WriteDeadLetters(output, topic=config.stream.dead_letter_topic)
     return results, dead
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -207,6 +208,10 @@ def prepare_launch(config: EmbedConfig, beam_args: list[str] | tuple[str, ...] =
         total = None
         if inputs is not None and config.progress_every:  # the progress line's 100%
             total = tokens_to_do(inputs, store if config.resume else None)
+        if store is not None:  # the checks passed: record a new --keep-every-tokens, say so once
+            note = store.settle_keep_every(config.keep_every_tokens)
+            if note:
+                print(f"linstream embed: {note}", file=sys.stderr, flush=True)
     finally:
         if store is not None:
             store.close()

@@ -251,10 +251,12 @@ class EmbedConfig:
         metavar="[SEQ=]FILE",
         repeat=True,
     )
-    keep_every_tokens: int = _flag(
+    keep_every_tokens: int | None = _flag(
         "besides the newest commits, keep each sequence's first commit at or past every "
         "multiple of N tokens (positions to rewind or fork from: `linstream checkpoint "
-        "rewind|fork`); 0: none",
+        "rewind|fork`); recorded in the checkpoint store, so later jobs and `linstream "
+        "checkpoint gc` keep it without the flag; 0: none from now on; not given (the "
+        "default): the N recorded in the store, else none",
         _default(StageConfig, "keep_every_tokens"),
         type=non_negative_int,
         metavar="N",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from linstream.pipeline.result_metadata import with_compute_dtype
 
 if TYPE_CHECKING:
     from linstream.pipeline.elements import ChunkResult
@@ -46,12 +47,14 @@ DEAD_LETTERS_DIR = "dead_letters"
 DEAD_LETTERS_PREFIX = "dead-letters"
 
 
-def result_schema(width: int, emit: str) -> pa.Schema:
+def result_schema(width: int, emit: str, compute_dtype: str | None = None) -> pa.Schema:
+    """The result files' schema; the compute dtype the rows were computed in, when given, in
+    its metadata (`linstream.pipeline.result_metadata`)."""
     vec = pa.list_(pa.float32(), width)
     payload = (
         pa.field("embeddings", pa.list_(vec)) if emit == "tokens" else pa.field("embedding", vec)
     )
-    return pa.schema(
+    schema = pa.schema(
         [
             pa.field("seq_id", pa.string()),
             pa.field("chunk_index", pa.int64()),
@@ -59,6 +62,7 @@ def result_schema(width: int, emit: str) -> pa.Schema:
             payload,
         ]
     )
+    return with_compute_dtype(schema, compute_dtype)
 
 
 def _result_batch(r: ChunkResult, schema: pa.Schema, width: int, emit: str) -> pa.RecordBatch:

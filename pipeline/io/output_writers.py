@@ -105,7 +105,8 @@ class WriteResults(beam.PTransform):
     group holds about ``row_group_bytes`` of embeddings, then written with Beam's fileio
     (temporary files under ``<output>/.temp-results-<job>``, then a move), in batch and, with
     windowed input, in streaming: file names are unique per job, window, pane and shard.
-    num_shards: files per window (0: one per writer).
+    num_shards: files per window (0: one per writer).  compute_dtype: the mode the rows were
+    computed in, in each file's schema metadata (`linstream.pipeline.result_metadata`).
     """
 
     def __init__(
@@ -116,8 +117,10 @@ class WriteResults(beam.PTransform):
         num_shards: int = 0,
         *,
         row_group_bytes: int = 8 << 20,
+        compute_dtype: str | None = None,
     ) -> None:
         super().__init__()
+        self.compute_dtype = compute_dtype
         self.output, self.width, self.emit, self.num_shards = output, width, emit, num_shards
         self.row_group_bytes = int(row_group_bytes)
         self.job_token = _job_token()
@@ -138,7 +141,7 @@ class WriteResults(beam.PTransform):
             >> fileio.WriteToFiles(
                 path=folder,
                 file_naming=_window_file_naming(RESULTS_PREFIX, ".parquet", self.job_token),
-                sink=_SinkFactory(result_schema(self.width, self.emit)),
+                sink=_SinkFactory(result_schema(self.width, self.emit, self.compute_dtype)),
                 shards=self.num_shards or None,
                 temp_directory=StaticValueProvider(
                     str, _join(self.output, f".temp-results-{self.job_token}")

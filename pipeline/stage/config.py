@@ -64,7 +64,9 @@ class StageConfig:
     block_tokens: see max_chunk_tokens.
     total_tokens: the input's token count when known (the progress line's ETA).
     keep_every_tokens: besides the newest ``checkpoint_keep`` commits, keep the first commit at
-        or past each multiple of this many tokens (0: none), so a sequence can be rewound there.
+        or past each multiple of this many tokens, so a sequence can be rewound there; recorded
+        in the store (a later job given None keeps by the recorded N); 0: none from now on;
+        None: the recorded N, else none.
     initial_state: state files a sequence without a commit starts from, as (seq_id, path)
         pairs; seq_id None: every sequence not named (initial_states.py).
     """
@@ -82,7 +84,7 @@ class StageConfig:
     max_chunk_tokens: int = MAX_CHUNK_TOKENS
     block_tokens: int = 8192
     total_tokens: int | None = None
-    keep_every_tokens: int = 0
+    keep_every_tokens: int | None = None
     initial_state: tuple[tuple[str | None, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -107,7 +109,7 @@ class StageConfig:
                 f"{self.max_chunk_tokens} and {self.block_tokens}"
             )
             raise ValueError(msg)
-        if self.keep_every_tokens < 0:
+        if self.keep_every_tokens is not None and self.keep_every_tokens < 0:
             msg = f"keep_every_tokens must be >= 0, got {self.keep_every_tokens}"
             raise ValueError(msg)
         if self.initial_state and self.emit == "sequence":
@@ -119,7 +121,6 @@ class StageConfig:
         for name, kind in (
             ("checkpoint_every", int),
             ("checkpoint_keep", int),
-            ("keep_every_tokens", int),
             ("resume", bool),
             ("idle_timeout", float),
             ("restore_fallback", bool),
@@ -127,6 +128,8 @@ class StageConfig:
             ("block_tokens", int),
         ):
             object.__setattr__(self, name, kind(getattr(self, name)))
+        if self.keep_every_tokens is not None:
+            object.__setattr__(self, "keep_every_tokens", int(self.keep_every_tokens))
 
     @classmethod
     def with_options(

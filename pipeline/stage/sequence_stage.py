@@ -94,11 +94,18 @@ class SequenceStage:
                 cfg.checkpoint_dir,
                 keep=cfg.checkpoint_keep,
                 sync_batch=SYNC_BATCH,
-                keep_every_tokens=cfg.keep_every_tokens,
             )
+            # None: the store's recorded N; a new N is recorded (said once, by whoever gave it).
+            note = self._store.settle_keep_every(cfg.keep_every_tokens)
+            if note and cfg.keep_every_tokens is not None:
+                _log.info("%s", note)
             spans = None
             if cfg.output_dir:
-                spans = SpanWriter(cfg.output_dir, per_token=cfg.emit == "tokens")
+                spans = SpanWriter(
+                    cfg.output_dir,
+                    per_token=cfg.emit == "tokens",
+                    compute_dtype=getattr(self.step, "compute_dtype", None),
+                )
             self._commits = Commits(
                 self._store,
                 spans,

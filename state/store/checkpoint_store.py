@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from . import keep_record
 from .commit import DEFAULT_RTOL as DEFAULT_RTOL  # re-exported, as before the split
 from .commit import Committer
 from .filesystems import LocalStorage, open_storage
@@ -81,7 +82,9 @@ class CheckpointStore:
 
     keep: commits (positions) kept per sequence, at least 2 so a corrupt newest one has a
     fallback.  keep_every_tokens: N > 0 keeps besides them the first commit at or past each
-    multiple of N tokens (positions a sequence can be rewound to: ``Retention``).
+    multiple of N tokens (positions a sequence can be rewound to: ``Retention``); None (the
+    default) keeps by the N recorded in the store (`keep_record`; 0 when none), and
+    `settle_keep_every` records a new one.
     rtol: tolerance of "equal within tolerance" as a fraction of each tensor's largest
     magnitude (default 1e-5 for float64 states, 1e-3 for float32: a retried bundle may run its
     float32 chunk math with other SIMD widths).  clock: seconds since the
@@ -111,7 +114,7 @@ class CheckpointStore:
         clock: Callable[[], float] = time.time,
         background_prune: bool = True,
         sync_batch: int = 0,
-        keep_every_tokens: int = 0,
+        keep_every_tokens: int | None = None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             msg = f"keep: expected an int >= 2 (a corrupt newest commit needs a fallback): {keep!r}"
@@ -125,6 +128,8 @@ class CheckpointStore:
         #: How many commits ended in each outcome, and how many restores fell back.
         self.counters: dict[str, int] = {o.value: 0 for o in CommitOutcome} | {"fallbacks": 0}
         self.folders = StoreFolders(open_storage(root), sync_batch=sync_batch)
+        if keep_every_tokens is None:
+            keep_every_tokens = keep_record.read_keep_every(self.folders.fs) or 0
         self.retention = Retention(
             self.folders, keep, background=background_prune, keep_every_tokens=keep_every_tokens
         )
@@ -172,6 +177,13 @@ class CheckpointStore:
     orphans = _handed_to("listing", Listing.orphans)
 
     # --- the whole store -------------------------------------------------------------------------
+
+    def settle_keep_every(self, given: int | None) -> str | None:
+        """Keep by ``--keep-every-tokens`` ``given`` (None: not given, the recorded N), recording
+        a new N in the store (`keep_record.settle`); the line to tell the user, if any."""
+        settled = keep_record.settle(self.folders.fs, given)
+        self.retention.keep_every_tokens = settled.keep_every_tokens
+        return settled.note
 
     def gc(self, grace_seconds: float = 3600.0) -> list[str]:
         """Remove orphan data files and stale temporaries older than ``grace_seconds``, and

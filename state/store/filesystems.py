@@ -59,6 +59,7 @@ class Storage(Protocol):
     def size(self, path: str) -> int: ...
     def write_immutable(self, path: str, data: Any) -> None: ...
     def create_exclusive(self, path: str, data: bytes) -> bool: ...
+    def replace(self, path: str, data: bytes) -> None: ...
     def commit_files(
         self,
         data: Any,
@@ -260,6 +261,18 @@ class LocalStorage:
                 os.unlink(tmp)
         self.sync_dir(path.rpartition("/")[0])
         return True
+
+    def replace(self, path: str, data: bytes) -> None:
+        """Write ``path`` whole, replacing what is there: a temporary file, fsynced, renamed
+        over it (a reader sees the old bytes or the new, never half), then the folder fsynced."""
+        self.check_inside(path)  # rename replaces a link in the name's place, never its target
+        tmp = self._write_tmp(path, data)
+        try:
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.sync_dir(path.rpartition("/")[0])
 
     def commit_files(
         self,
@@ -487,6 +500,10 @@ class FsspecStorage:
     def write_immutable(self, path: str, data: Any) -> None:
         # Always (re)written, even when an equal file exists: that also restarts an old orphan's
         # GC grace period, as on local disk.
+        self.fs.pipe_file(path, bytes(data))
+
+    def replace(self, path: str, data: bytes) -> None:
+        # One upload: object stores publish the new object whole when it completes.
         self.fs.pipe_file(path, bytes(data))
 
     def create_exclusive(self, path: str, data: bytes) -> bool:

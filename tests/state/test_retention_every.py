@@ -43,7 +43,7 @@ def test_without_it_only_the_newest_are_kept(tmp_path):
     assert _positions(root) == [56, 60]
 
 
-def test_gc_keeps_them_with_the_flag_and_drops_them_without(tmp_path):
+def test_gc_keeps_them_by_the_recorded_flag_and_drops_them_with_0(tmp_path):
     root = str(tmp_path / "ckpt")
     _commit_every_4_tokens(root, keep_every=10)
     kept = linstream("checkpoint", "gc", root, "--keep-every-tokens", "10")
@@ -52,6 +52,9 @@ def test_gc_keeps_them_with_the_flag_and_drops_them_without(tmp_path):
     coarser = linstream("checkpoint", "gc", root, "--keep-every-tokens", "25")
     assert coarser.returncode == 0, coarser.stderr
     assert _positions(root) == [32, 52, 56, 60]  # first at or past 25 and 50; newest two
-    plain = linstream("checkpoint", "gc", root)
+    plain = linstream("checkpoint", "gc", root)  # without the flag: the recorded 25
     assert plain.returncode == 0, plain.stderr
+    assert _positions(root) == [32, 52, 56, 60]
+    off = linstream("checkpoint", "gc", root, "--keep-every-tokens", "0")
+    assert off.returncode == 0, off.stderr
     assert _positions(root) == [56, 60]

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from linstream.pipeline.result_metadata import with_compute_dtype
 from linstream.state import OutputSpan
 from linstream.state.store import FsspecStorage, in_thread, open_storage
 
@@ -118,8 +119,11 @@ class SpanWriter:
         per_token: bool,
         store_location: str | None = None,
         group_bytes: int = GROUP_BYTES,
+        compute_dtype: str | None = None,
     ) -> None:
         self.output = output
+        #: The mode the rows are computed in: each span file's schema metadata records it.
+        self.compute_dtype = compute_dtype
         self.per_token = per_token
         self.group_bytes = group_bytes
         self._fs = open_storage(output.rstrip("/") + "/" + RESULTS_DIR)
@@ -209,7 +213,9 @@ class SpanWriter:
                 f"contiguous chunks of a commit of chunks {since}..{end - 1}"
             )
             raise ValueError(msg)
-        table = spans_table(results, per_token=self.per_token)
+        table = with_compute_dtype(
+            spans_table(results, per_token=self.per_token), self.compute_dtype
+        )
         data = parquet_bytes(table)
         self._ensure_marked()
         path = self._fs.join(pending_name(group.id, seq_id, since, end, commit))
