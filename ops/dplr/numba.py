@@ -58,26 +58,26 @@ def _floored(log_w):  # pragma: no cover - jitted
     return LOG_GATE_FLOOR if x < LOG_GATE_FLOOR else x
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
 def _chunk_end(k, v, a, b, min_w, h, start, stop, span):  # pragma: no cover - jitted
     """Where head h's chunk that starts at `start` ends (exclusive, ≤ stop): before the first
     later token whose decays since `start` (each token's smallest over d_k) sum below −span,
-    or whose k, v, a or b holds an Inf or NaN (or whose decay is NaN)."""
+    or whose k, v, a or b holds an Inf or NaN (or whose decay is NaN).  A token's values are
+    checked in one sum of x · 0 (0 for a finite x, NaN otherwise), which vectorizes (FASTMATH
+    keeps NaN and Inf, so x · 0 is not folded to 0; a sum of x − x was: reassociation cancels
+    its terms); a test and branch per value did not vectorize."""
     acc = 0.0
     for i in range(start + 1, stop):
         acc += min_w[h, i]
         if not acc >= -span:
             return i
+        z = 0.0
         for p in range(k.shape[2]):
-            if not (
-                math.isfinite(k[i, h, p])
-                and math.isfinite(a[i, h, p])
-                and math.isfinite(b[i, h, p])
-            ):
-                return i
+            z += k[i, h, p] * 0.0 + a[i, h, p] * 0.0 + b[i, h, p] * 0.0
         for p in range(v.shape[2]):
-            if not math.isfinite(v[i, h, p]):
-                return i
+            z += v[i, h, p] * 0.0
+        if z != 0.0:  # NaN != 0
+            return i
     return stop
 
 
@@ -111,6 +111,11 @@ def _kernel(parallel: bool) -> Any:
             e_prev = np.empty(dk, q.dtype)
             e0_prev = np.empty(dk, q.dtype)
             acc = np.empty(dv, q.dtype)
+            mbuf = np.empty(4 * c * c, q.dtype)  # the products' results, none allocated a chunk
+            rbuf = np.empty(c * dv, q.dtype)
+            r2buf = np.empty(c * dv, q.dtype)
+            obuf2 = np.empty(c * dv, q.dtype)
+            upd = np.empty((dk, dv), q.dtype)
             c0 = 0
             while c0 < t:
                 n = _chunk_end(k, v, a, b, min_w, h, c0, min(c0 + c, t), span) - c0
@@ -150,7 +155,8 @@ def _kernel(parallel: bool) -> Any:
                         e0_prev[p] = e0
                 for p in range(dk):
                     xs[n, p] = 0
-                mm = np.dot(xs, ys.T)  # [[A_qk, A_qb], [A_ak, A_ab]] before their masks
+                mm = mbuf[: n2 * n2].reshape((n2, n2))
+                np.dot(xs, ys.T, mm)  # [[A_qk, A_qb], [A_ak, A_ab]] before their masks
                 zs = zbuf[: (n2 + dk) * dv].reshape((n2 + dk, dv))  # [V; U; S_0]
                 for i in range(n):
                     for r in range(dv):
@@ -164,7 +170,13 @@ def _kernel(parallel: bool) -> Any:
                         aak[i, j] = mm[n + i, j]
                     for j in range(i, n):
                         aak[i, j] = 0
-                rr = np.dot(aak, zs[:n]) + np.dot(a0[:n], zs[n2:])
+                rr = rbuf[: n * dv].reshape((n, dv))
+                r2 = r2buf[: n * dv].reshape((n, dv))
+                np.dot(aak, zs[:n], rr)
+                np.dot(a0[:n], zs[n2:], r2)
+                for i in range(n):
+                    for r in range(dv):
+                        rr[i, r] = rr[i, r] + r2[i, r]
                 for i in range(n):  # U_i = R_i + Σ_{j<i} A_ab[i,j] U_j
                     for r in range(dv):
                         acc[r] = rr[i, r]
@@ -184,11 +196,12 @@ def _kernel(parallel: bool) -> Any:
                         oa[i, n + j] = 0
                     for p in range(dk):
                         oa[i, n2 + p] = q0[i, p]
-                y = np.dot(oa, zs)
+                y = obuf2[: n * dv].reshape((n, dv))
+                np.dot(oa, zs, y)
                 for i in range(n):
                     for r in range(dv):
                         out[c0 + i, h, r] = y[i, r]
-                upd = np.dot(kb.T, zs[:n2])
+                np.dot(kb.T, zs[:n2], upd)
                 for p in range(dk):
                     e = math.exp(gf[p] + g[n - 1, p])
                     for r in range(dv):

@@ -7,6 +7,7 @@ against it, and a mapped load's time and memory.
     .venv/bin/python -m pytest tests/bench/test_bench_fla_roof.py -m bench -s -p no:randomly
     LINSTREAM_BENCH_SIZE=tiny .venv/bin/python -m pytest tests/bench/test_bench_fla_roof.py \\
         -m bench -s -p no:randomly          # a smoke run: tiny models, proves it runs
+    LINSTREAM_BENCH_FAMILIES=rwkv7,mamba2 ...   # some families only (default: all four)
 
 Each (family, mode) runs in a fresh process on the same random bfloat16 folder (~110M
 parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them; RWKV-7 ~190M and
@@ -28,6 +29,13 @@ Mamba-2 ~130M built with fla's and transformers' own classes, `helpers.rwkv_mamb
   the reference for each mode's error (rms of the difference over the rms of fla's).  RWKV-7 and
   Mamba-2: their own classes' CPU forward (`run_own_class`), two whole-sequence calls of the
   first chunk (cold, warm).
+- llama.cpp (RWKV-7 and Mamba-2, the families it has): the same folder converted to f32 and
+  bf16 GGUFs (`helpers.llama_cpp_run.convert_to_gguf`, llama.cpp built or reused by
+  `helpers.llama_cpp.ensure_llama_cpp` in ~/.cache/linstream/llama.cpp), `llama-bench`'s prompt
+  processing at CHUNK tokens, 2 threads, LLAMA_REPS repetitions (its mean); linstream's float32
+  and bfloat16 tokens/s over each, and the target line: linstream's faster mode at ≥ LLAMA_TARGET×
+  llama.cpp's bf16 on RWKV-7, met or not met.  On a CPU without AVX512-BF16 llama.cpp's bf16
+  products are emulated (a line under the table says which).
 - `linstream embed` against the loop (`test_bench_embed_against_the_loop`): the command on the
   GLA folder and the runtime's own loop over the same tokens and chunks (2,048 and 64), each in
   a fresh process; the ratio of their tokens/s, asserted at the bench size (≥ 0.95 and ≥ 0.8).
@@ -45,6 +53,7 @@ bench size) and the command against the loop; the figures go to docs/benchmarks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -82,7 +91,15 @@ else:
 #: RWKV-7 (fla's RWKV7ForCausalLM) and Mamba-2 (transformers' Mamba2ForCausalLM), built with
 #: their own classes (`helpers.rwkv_mamba_models`, its sizes: ~190M and ~130M at "bench")
 OWN_CLASS_FAMILIES = ("rwkv7", "mamba2")
-FAMILIES = (*CONFIGS, *OWN_CLASS_FAMILIES)
+_CHOSEN = os.environ.get("LINSTREAM_BENCH_FAMILIES", "").split(",")
+FAMILIES = tuple(f for f in (*CONFIGS, *OWN_CLASS_FAMILIES) if f in _CHOSEN or _CHOSEN == [""])
+#: llama.cpp's prompt processing on the families it has: its GGUF precisions, llama-bench's
+#: repetitions, and the target against its bf16 (RWKV-7)
+LLAMA_FAMILIES = OWN_CLASS_FAMILIES
+LLAMA_OUTTYPES = ("f32", "bf16")
+LLAMA_REPS = int(os.environ.get("LINSTREAM_BENCH_LLAMA_REPS", "3"))
+LLAMA_TARGET = 1.2
+LLAMA_TARGET_FAMILY = "rwkv7"
 MODES = ("float32", "bfloat16")
 # `linstream embed` against the runtime's own loop: GLA (CONFIGS), EMBED_SEQUENCES sequences of
 # EMBED_TOKENS tokens each, at CHUNK- and SMALL-token chunks
@@ -229,6 +246,21 @@ def run_own_class(folder: str, family: str) -> dict:
     return {**out, "peak_rss": _status("VmHWM")}
 
 
+def run_llama(folder: str) -> dict:
+    """llama-bench's mean prompt-processing tokens/s at CHUNK tokens on the folder's f32 and
+    bf16 GGUFs (converted beside the folder), 2 threads."""
+    from helpers.llama_cpp import ensure_llama_cpp
+    from helpers.llama_cpp_run import convert_to_gguf, run_llama_bench
+
+    llama = ensure_llama_cpp()
+    out: dict = {"commit": llama.commit}
+    for t in LLAMA_OUTTYPES:
+        gguf = convert_to_gguf(llama, folder, t)
+        [r] = run_llama_bench(llama, gguf, (CHUNK,), 2, repetitions=LLAMA_REPS)
+        out[t] = r.tok_s
+    return out
+
+
 def _embed_input(path: Path, folder: str) -> list[np.ndarray]:
     """EMBED_SEQUENCES token sequences of EMBED_TOKENS, written as tokens-jsonl at path."""
     ids = _tokens(EMBED_SEQUENCES * EMBED_TOKENS, folder).reshape(EMBED_SEQUENCES, -1)
@@ -276,6 +308,7 @@ CHILDREN = {
     "mode": run_mode,
     "fla": run_fla,
     "own_class": run_own_class,
+    "llama": run_llama,
     "loop": run_loop,
     "load": run_load,
 }
@@ -325,10 +358,13 @@ def test_bench_fla_roof(tmp_path):
         "",
         "| model | mode | tok/s | tok/s at small chunks (ratio) | GFLOP/s achieved / GEMM roof "
         "(share) | time: products / recurrence / norms+act / layout / other | fla / transformers "
-        "tok/s (cold / warm) | error vs fla float32 | weights held |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "tok/s (cold / warm) | llama.cpp f32 / bf16 tok/s | linstream / llama.cpp f32 / bf16 | "
+        "error vs fla float32 | weights held |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     engines, ratios = set(), {}
+    rates: dict[str, dict[str, float]] = {}  # per family: each mode's and llama.cpp's tok/s
+    llama_commit = ""
     for family in FAMILIES:
         if family in CONFIGS:
             folder = write_folder(tmp_path / family, CONFIGS[family], dtype="BF16", seed=SEED)
@@ -336,11 +372,17 @@ def test_bench_fla_roof(tmp_path):
         else:
             folder = _own_class_folder(tmp_path / family, family)
             fla = _run("own_class", str(folder), family)
+        rates[family] = {}
+        if family in LLAMA_FAMILIES:
+            got = _run("llama", str(folder))
+            llama_commit = got.pop("commit")
+            rates[family].update({f"llama.cpp {t}": v for t, v in got.items()})
         ref = np.load(folder / "fla.npy")
         for mode in MODES:
             r = _run("mode", str(folder), mode)
             print(family, mode, json.dumps(r))
             engines.add(r["engine"])
+            rates[family][mode] = r["tokens_per_s"]
             err = _rel_rms(np.load(folder / f"linstream_{mode}.npy"), ref)
             ratio = r["small_tokens_per_s"] / r["tokens_per_s"]
             ratios[family, mode] = ratio
@@ -354,13 +396,64 @@ def test_bench_fla_roof(tmp_path):
                 f"{r['small_tokens_per_s']:.0f} ({ratio:.2f}) | {r['achieved_gflops']:.0f} / "
                 f"{r['roof_gflops']:.0f} ({r['achieved_gflops'] / r['roof_gflops']:.0%}) | "
                 f"{prof} / {p['other']:.0%} | {fla['cold']:.0f} / {fla['warm']:.0f} | "
+                f"{_llama_cells(rates[family], mode)} | "
                 f"{err:.2e} | {r['held_bytes'] / mib:.0f} MiB |"
             )
-    lines += ["", *(f"engine: {e}" for e in sorted(engines)), f"load average at the end {_load()}"]
+    lines += ["", *(f"engine: {e}" for e in sorted(engines))]
+    if llama_commit:
+        lines.append(
+            f"llama.cpp {llama_commit[:9]}: llama-bench -p {CHUNK} -n 0 -t 2 -r {LLAMA_REPS} on "
+            f"the same folder's GGUFs; its bf16 products {_llama_bf16()}"
+        )
+    if LLAMA_TARGET_FAMILY in rates:
+        lines.append(target_line(rates[LLAMA_TARGET_FAMILY]))
+    lines.append(f"load average at the end {_load()}")
     print("\n" + "\n".join(lines))
     if SIZE != "tiny":  # at the tiny size a chunk is too short to be anyone's workload
         for key, ratio in ratios.items():
             assert ratio >= SMALL_RATIO, (key, ratio)
+
+
+def _llama_cells(rates: dict[str, float], mode: str) -> str:
+    """The llama.cpp columns of a row: its f32 / bf16 tok/s and the mode's ratio to each."""
+    llama = [rates.get(f"llama.cpp {t}") for t in LLAMA_OUTTYPES]
+    if None in llama:
+        return " | "
+    tok = " / ".join(f"{v:.0f}" for v in llama)
+    return tok + " | " + " / ".join(f"{rates[mode] / v:.2f}x" for v in llama)
+
+
+def _llama_bf16() -> str:
+    with open("/proc/cpuinfo") as f:
+        flags = next((line for line in f if line.startswith("flags")), "").split()
+    return "native (AVX512-BF16)" if "avx512_bf16" in flags else "emulated (no AVX512-BF16)"
+
+
+def target_line(rates: dict[str, float]) -> str:
+    """The issue's line for LLAMA_TARGET_FAMILY: linstream's faster mode against llama.cpp's
+    bf16 prompt processing, met at LLAMA_TARGET× or more.  rates: each mode's tok/s and
+    "llama.cpp bf16" (absent: not measured)."""
+    want = f"linstream ≥ {LLAMA_TARGET}x llama.cpp bf16 on {LLAMA_TARGET_FAMILY}"
+    llama = rates.get("llama.cpp bf16")
+    modes = [m for m in MODES if m in rates]
+    if llama is None or not modes:
+        return f"target {want}: not measured"
+    best = max(modes, key=lambda m: rates[m])
+    x = rates[best] / llama
+    verdict = "met" if x >= LLAMA_TARGET else "not met"
+    shown = math.floor(x * 100) / 100  # rounded down: a ratio short of the target never shows it
+    return f"target {want}: {verdict} ({best} {rates[best]:.0f} tok/s = {shown:.2f}x {llama:.0f})"
+
+
+def test_the_target_line_says_met_or_not_met():
+    """The benchmark's target line (runs in `make test`, without llama.cpp): the faster mode's
+    ratio to llama.cpp's bf16, met from LLAMA_TARGET× on, and "not measured" without it."""
+    llama = 1000.0
+    met = target_line({"float32": 900.0, "bfloat16": LLAMA_TARGET * llama, "llama.cpp bf16": llama})
+    assert ": met (bfloat16 1200 tok/s = 1.20x 1000)" in met
+    short = target_line({"float32": 1199.0, "bfloat16": 700.0, "llama.cpp bf16": llama})
+    assert ": not met (float32 1199 tok/s = 1.19x 1000)" in short
+    assert target_line({"float32": 1.0}).endswith(": not measured")
 
 
 _SUMMARY = re.compile(r"([\d,]+) tokens in ([\d.]+) s \(([\d,]+) tokens/s\)")
