@@ -20,9 +20,8 @@ import numpy as np
 from linstream.ops.attention_state import AttentionState
 from linstream.ops.cuda import Launcher
 from linstream.ops.feature_maps import FeatureMap, Identity
-from linstream.ops.rules.exact_eps import needs_exact_eps
 
-__all__ = ["exact_eps_attend"]
+__all__ = ["exact_eps_attend", "move_arrays"]
 
 # smallest largest-feature of a key that float32 holds to full precision (normal range · 2^24),
 # as ops/rules/exact_eps.py
@@ -46,6 +45,8 @@ def exact_eps_attend(
 ) -> tuple[Any, AttentionState]:
     """causal(q, k, v, state, feature_map=, eps=, dtype=) on arrays of xp, giving the textbook
     y = φ(q)ᵀS / (φ(q)ᵀz + eps) for every map (see the module docstring)."""
+    from linstream.ops.rules.exact_eps import needs_exact_eps  # ops.rules imports Numba
+
     fm = feature_map
     dk = int(q.shape[2])
     if not needs_exact_eps(fm, dk):
@@ -175,28 +176,26 @@ def _states_on_device(states: Sequence[AttentionState], dev: _Device) -> bool:
     raise TypeError(msg)
 
 
-def _pack_plan(states: Sequence[AttentionState]) -> np.dtype | None:
-    dts = {np.dtype(a.dtype) for st in states for a in (st.S, st.z)}
-    return dts.pop() if len(dts) == 1 else None
+def move_arrays(arrays: Sequence[Any], src: Any, move: Callable[[Any], Any]) -> list[Any]:
+    """Copy arrays (of namespace src) across with `move`: in one packed transfer when they share
+    a dtype (the results are views of the one moved buffer), else one transfer per array."""
+    if len({np.dtype(a.dtype) for a in arrays}) != 1:
+        return [move(a) for a in arrays]
+    flat = move(src.concatenate([a.reshape(-1) for a in arrays]))
+    out, pos = [], 0
+    for a in arrays:
+        n = int(a.size)
+        out.append(flat[pos : pos + n].reshape(a.shape))
+        pos += n
+    return out
 
 
 def _move_states(
     states: Sequence[AttentionState], src: Any, move: Callable[[Any], Any]
 ) -> list[AttentionState]:
-    """Copy states (arrays of namespace src) across with one packed transfer (`move`), split
-    into views of the moved buffer; one transfer per array when the layers' dtypes differ."""
-    if _pack_plan(states) is None:
-        return [AttentionState(move(st.S), move(st.z)) for st in states]
-    flat = move(src.concatenate([a.reshape(-1) for st in states for a in (st.S, st.z)]))
-    out, pos = [], 0
-    for st in states:
-        pair = []
-        for a in (st.S, st.z):
-            n = int(a.size)
-            pair.append(flat[pos : pos + n].reshape(a.shape))
-            pos += n
-        out.append(AttentionState(pair[0], pair[1]))
-    return out
+    """Copy states (arrays of namespace src) across in one packed transfer (`move_arrays`)."""
+    moved = move_arrays([a for st in states for a in (st.S, st.z)], src, move)
+    return [AttentionState(moved[2 * i], moved[2 * i + 1]) for i in range(len(states))]
 
 
 def _upload_states(states: Sequence[AttentionState], dev: _Device) -> list[AttentionState]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 from linstream.ops.attention_state import AttentionState
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 from linstream.ops.decay.numba import decay_chunks
 from linstream.ops.delta.numba import delta_chunks
 from linstream.ops.feature_maps import FeatureMap
@@ -15,9 +16,6 @@ from .gather import heads, map_code
 from .params import DECAYING_RULES, RuleInputs
 
 __all__ = ["DEFAULT_RULE_CHUNK", "check_rule_backend", "rule_causal"]
-
-# Chunk length of the rule kernels (tests/bench/test_bench_rules.py measures 32 and 64).
-DEFAULT_RULE_CHUNK = 64
 
 
 def check_rule_backend(rule: str, backend: str) -> None:

@@ -3,9 +3,10 @@
 
 x [T, H, P], b, c [T, G, N] in one dtype (float32, float64, or bfloat16, widened to float32 in
 registers); dt [T, H] the raw time steps (any float dtype), made the time steps by `time_steps`
-on the host (T·H numbers: one small copy each way for a device array); a [H], d [H] or [H, P]
-(None: no skip), dt_bias [H]; the state [H, P, N] in float32 or float64, updated in place.  NumPy
-arrays are copied to the device and back; the launcher's own arrays stay where they are.
+where dt is (a device array's on the device: no copy to the host and back); a [H], d [H] or
+[H, P] (None: no skip), dt_bias [H]; the state [H, P, N] in float32 or float64, updated in
+place.  NumPy arrays are copied to the device and back; the launcher's own arrays stay where
+they are.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from linstream.ops.cuda import (
     cupy_launcher,
     finish,
     fit_chunk,
-    is_cupy_array,
     on_launcher,
     put_state_back,
     raw_array,
@@ -34,15 +34,6 @@ from .constants import DEFAULT_SSD_CHUNK
 from .steps import time_steps
 
 __all__ = ["ssd_chunks"]
-
-
-def _host(launcher: Launcher, a: Any) -> Any:
-    """A host copy of a launcher's (or CuPy) array; NumPy input as it is."""
-    if a is None or isinstance(a, np.ndarray) or np.isscalar(a):
-        return a
-    if isinstance(a, launcher.xp.ndarray) or is_cupy_array(a):
-        return launcher.to_host(a)
-    return np.asarray(a)
 
 
 def ssd_chunks(
@@ -74,14 +65,17 @@ def ssd_chunks(
     out = xp.empty((t, h, p), dtype=real)
     if t > 0:
         xd, bd, cd = (on_launcher(lau, v, kind) for v in (x, b, c))
-        bias = np.zeros(h) if dt_bias is None else _host(lau, dt_bias)
-        steps = on_launcher(lau, time_steps(_host(lau, dt), bias, dt_limit))  # [T, H] float64
-        ad = on_launcher(lau, np.asarray(_host(lau, a), np.float64).reshape(h))
+        bias = np.zeros(h) if dt_bias is None else dt_bias
+        where = np if isinstance(dt, np.ndarray) else xp  # a device array's steps: on the device
+        steps = on_launcher(lau, time_steps(dt, bias, dt_limit, where))  # [T, H] float64
+        # A and D formed where they are: a device's stay there (no copy to the host and back,
+        # which would wait for the device's queued work at every layer)
+        ad = on_launcher(lau, xp.asarray(a, dtype=xp.float64).reshape(h))
         if d is None:
-            dd = np.zeros((h, p))
+            dd = xp.zeros((h, p))
         else:
-            dd = np.asarray(_host(lau, d), np.float64)
-            dd = np.broadcast_to(dd[:, None] if dd.ndim == 1 else dd, (h, p))
+            dd = xp.asarray(d, dtype=xp.float64)
+            dd = xp.broadcast_to(dd[:, None] if dd.ndim == 1 else dd, (h, p))
         dv = on_launcher(lau, dd, dtype=real)
         sd = on_launcher(lau, state)
         bad = xp.zeros(t, dtype=np.int32)

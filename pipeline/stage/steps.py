@@ -411,12 +411,6 @@ class EmbedStep(ChunkStep):
             isinstance(s, AttentionState) for s in loaded.initial_states(self.state_dtype)
         )
         self.layer = _checked_layer(layer, loaded)
-        if backend == "cupy" and not self.stacks_layers:
-            msg = (
-                f"backend 'cupy': model {self._label()} (a checkpoint folder) runs on the CPU "
-                "kernels only; use backend auto, numba or numpy"
-            )
-            raise ValueError(msg)
 
     def _label(self) -> str:
         if self._source is None:

@@ -10,12 +10,13 @@ product's row ranges run on helper threads inside its call; a norm calling anoth
 once):
 
 - products: every `dense.Dense` call (BLAS, or the bfloat16 products);
-- recurrence: the kernels the family modules import from `linstream.ops` (outside
-  `linstream.ops.model`: the decay, delta, DPLR (RWKV-7), SSD (Mamba-2) and rule kernels),
-  found by their module, so a new family's kernel is counted without a line here;
-- norms and activations: the functions of `pieces`, `fused`, `rwkv7_passes` and
-  `mamba2_passes` as each module calls them (a module calling `passes.f` calls the patched f);
-- layout copies: `families.head_major` / `row_major`;
+- recurrence: the compute backend's kernels (`compute.Compute`'s `*_chunks` methods, which the
+  families call as `weights.ops.<kernel>`), and any kernel a family module imports from
+  `linstream.ops` outside `linstream.ops.model` (found by its module);
+- norms and activations: the backend's other pieces (`Compute`'s methods), the families' pass
+  selectors (classes named `*Ops` in the family modules: RWKV-7's and Mamba-2's passes), and the
+  functions of `pieces`, `fused`, `rwkv7_passes` and `mamba2_passes` as each module calls them;
+- layout copies: `head_major` (the backend's and `families`') and `families.row_major`;
 - other (wall time minus the kinds): the embedding lookup, residual adds, dtype casts, state
   copies and the Python between the calls.
 """
@@ -33,6 +34,13 @@ KINDS = ("products", "recurrence", "norms and activations", "layout copies")
 _LAYOUT = ("head_major", "row_major")
 _KERNELS = [["linstream", "ops", k] for k in ("additive", "decay", "delta", "dplr", "rules", "ssd")]
 _PASSES = ("pieces", "fused", "rwkv7_passes", "mamba2_passes")  # fla's modules of such passes
+# the backend's methods that are not pieces of the computation: state and array handling
+_NOT_PIECES = ("copy", "state", "gather", "rotary_tables")
+
+
+def _methods(cls: type) -> list[str]:
+    """The public functions a class defines itself."""
+    return [n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")]
 
 
 class Profile:
@@ -78,8 +86,16 @@ class Profile:
     def __enter__(self) -> Profile:
         from linstream.ops.model import fla
         from linstream.ops.model.fla import dense
+        from linstream.ops.model.fla.compute import Compute
 
         self._patch(dense.Dense, "__call__", "products")
+        for name in _methods(Compute):
+            if name.endswith("_chunks"):
+                self._patch(Compute, name, "recurrence")
+            elif name in _LAYOUT:
+                self._patch(Compute, name, "layout copies")
+            elif name not in _NOT_PIECES:
+                self._patch(Compute, name, "norms and activations")
         helpers = {f"{fla.__name__}.{name}" for name in _PASSES}
         for info in pkgutil.iter_modules(fla.__path__):
             mod = importlib.import_module(f"{fla.__name__}.{info.name}")
@@ -87,6 +103,10 @@ class Profile:
                 continue
             for name, value in list(vars(mod).items()):
                 where = getattr(value, "__module__", "") or ""
+                if isinstance(value, type) and name.endswith("Ops") and where == mod.__name__:
+                    for method in _methods(value):
+                        self._patch(value, method, "norms and activations")
+                    continue
                 if not callable(value) or isinstance(value, type):
                     continue
                 if name in _LAYOUT and where.endswith(".families"):

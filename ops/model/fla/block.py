@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .compute import HOST, Compute
 from .config import CommonConfig
 from .dense import Dense, FusedProjection, Weights
-from .pieces import add_rms_norm, layer_norm, rms_norm, swiglu
 from .state import LayerState, StateSpec
 
 __all__ = [
@@ -75,15 +75,22 @@ class ModelLayout:
 
 
 class Norm:
-    """A NormSpec with its tensors: `norm(x)` over x's last axis, in x's dtype."""
+    """A NormSpec with its tensors: `norm(x)` over x's last axis, in x's dtype, computed by
+    `ops` (the host's by default; `build`: the factory's)."""
 
     def __init__(
-        self, kind: str, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
+        self,
+        kind: str,
+        weight: np.ndarray | None,
+        bias: np.ndarray | None,
+        eps: float,
+        ops: Compute = HOST,
     ) -> None:
         if kind not in NORM_KINDS:
             msg = f"norm kind must be one of {list(NORM_KINDS)}, got {kind!r}"
             raise ValueError(msg)
         self.kind, self.weight, self.bias, self.eps = kind, weight, bias, eps
+        self.ops = ops
 
     @classmethod
     def build(
@@ -92,12 +99,12 @@ class Norm:
         """The norm of `spec` from its tensors by name (eps: the config's, unless spec has one)."""
         w = None if spec.weight is None else weights.array(tensors[spec.weight])
         b = None if spec.bias is None else weights.array(tensors[spec.bias])
-        return cls(spec.kind, w, b, eps if spec.eps is None else spec.eps)
+        return cls(spec.kind, w, b, eps if spec.eps is None else spec.eps, weights.ops)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.kind == "rms":
-            return rms_norm(x, self.weight, self.eps)
-        return layer_norm(x, self.weight, self.bias, self.eps)
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class Mixer(Protocol):
@@ -120,7 +127,8 @@ class Block(Protocol):
 
 
 class StandardBlock:
-    """fla's pre-norm block: attn_norm, the mixer, mlp_norm, the SwiGLU MLP (gate|up fused)."""
+    """fla's pre-norm block: attn_norm, the mixer, mlp_norm, the SwiGLU MLP (gate|up fused),
+    computed by `ops`."""
 
     def __init__(
         self,
@@ -130,18 +138,21 @@ class StandardBlock:
         gate_up: FusedProjection,
         down: Dense,
         eps: float,
+        ops: Compute = HOST,
     ) -> None:
         self.attn_norm, self.mixer, self.mlp_norm = attn_norm, mixer, mlp_norm
         self.gate_up, self.down, self.eps = gate_up, down, eps
+        self.ops = ops
         self.state_spec = mixer.state_spec
 
     def forward(
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
-        a, new = self.mixer.forward(rms_norm(x, self.attn_norm, self.eps), state)
-        x, normed = add_rms_norm(x, a, self.mlp_norm, self.eps)  # x: a new array
+        ops = self.ops
+        a, new = self.mixer.forward(ops.rms_norm(x, self.attn_norm, self.eps), state)
+        x, normed = ops.add_rms_norm(x, a, self.mlp_norm, self.eps)  # x: a new array
         p = self.gate_up(normed)
-        x += self.down(swiglu(p["gate"], p["up"]))
+        x += self.down(ops.swiglu(p["gate"], p["up"]))
         return x, new
 
 
@@ -180,6 +191,7 @@ def build_standard_block(
         ),
         down=weights.dense(tensors["mlp.down_proj.weight"]),
         eps=c.norm_eps,
+        ops=weights.ops,
     )
 
 
@@ -190,6 +202,8 @@ def held_arrays(obj: Any) -> list[np.ndarray]:
         return [obj]
     if isinstance(obj, (Dense, FusedProjection)):
         return obj.arrays()
+    if isinstance(obj, Compute):  # the backend a block computes with holds no weights
+        return []
     if isinstance(obj, dict):
         values: Any = obj.values()
     elif isinstance(obj, (list, tuple)):

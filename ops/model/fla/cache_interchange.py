@@ -192,7 +192,7 @@ def to_fla_cache(
     torch = _torch()
     cache_class = _fla_cache_class()
     family = _family(model)
-    st = model._check_states(states)
+    st = model.check_states(states)
     carried = {int(s[POSITION][0]) for s in st if POSITION in s}
     if len(carried) > 1:
         msg = f"the states' layers carry different positions {sorted(carried)}: not one sequence"

@@ -21,16 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.delta.numba import delta_chunks
-from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
-from .families import ConvSet, head_major, row_major
-from .pieces import ACTIVATIONS, head_norm, l2_heads, l2_norm, sigmoid, silu, sum_norm
+from .families import ConvSet, row_major
 from .state import LayerState, StateSpec
 
 __all__ = ["DeltaNetSpec", "attn_tensors", "build", "parse"]
+
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
 QK_NORMS = ("l2", "sum")
@@ -113,7 +112,7 @@ def attn_tensors(s: DeltaNetSpec, c: CommonConfig) -> dict[str, tuple[int, ...]]
 
 class DeltaNetMixer:
     def __init__(self, s: DeltaNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
-        self.s, self.eps = s, c.norm_eps
+        self.s, self.eps, self.ops = s, c.norm_eps, weights.ops
         names = ["q", "k", "v"] + ["b"] * s.use_beta + ["g"] * s.use_gate
         self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
         self.o_proj = weights.dense(w["o_proj.weight"])
@@ -125,44 +124,46 @@ class DeltaNetMixer:
         self.state_spec = StateSpec((("S", (h, dk, dv)), *self.conv.state_shapes()))
 
     def forward(self, x: np.ndarray, st: LayerState) -> tuple[np.ndarray, LayerState]:
-        s = self.s
+        s, ops = self.s, self.ops
+        xp = ops.xp
         t = x.shape[0]
         p = self.proj(x)
         new: dict[str, Any] = {}
         if s.conv_size:
             q, k, v = (self.conv(n, p[n], st, new) for n in "qkv")
         else:
-            q, k, v = p["q"], p["k"], silu(p["v"])
+            q, k, v = p["q"], p["k"], ops.silu(p["v"])
             if s.qk_activation == "silu":
-                q, k = silu(q), silu(k)
-        vh = head_major(v, s.head_v_dim)
+                q, k = ops.silu(q), ops.silu(k)
+        vh = ops.head_major(v, s.head_v_dim)
         scale = s.head_k_dim**-0.5
         if s.qk_activation == "silu" and s.qk_norm == "l2":  # the default: one pass each
-            qh, kh = l2_heads(q, s.head_k_dim, scale), l2_heads(k, s.head_k_dim)
+            qh, kh = ops.l2_heads(q, s.head_k_dim, scale), ops.l2_heads(k, s.head_k_dim)
         else:
-            qh, kh = head_major(q, s.head_k_dim), head_major(k, s.head_k_dim)
+            qh, kh = ops.head_major(q, s.head_k_dim), ops.head_major(k, s.head_k_dim)
             if s.qk_activation != "silu":
-                qh, kh = ACTIVATIONS[s.qk_activation](qh), ACTIVATIONS[s.qk_activation](kh)
-            norm = l2_norm if s.qk_norm == "l2" else sum_norm
+                act = s.qk_activation
+                qh, kh = ops.activation(act, qh), ops.activation(act, kh)
+            norm = ops.l2_norm if s.qk_norm == "l2" else ops.sum_norm
             qh, kh = norm(qh), norm(kh)
             qh *= x.dtype.type(scale)
-        beta = sigmoid(p["b"].astype(np.float64)) if s.use_beta else np.ones((t, s.num_heads))
+        beta = ops.sigmoid(p["b"].astype(np.float64)) if s.use_beta else xp.ones((t, s.num_heads))
         if s.allow_neg_eigval:
             beta = beta * 2.0
-        state = np.array(st["S"], copy=True)
-        o = delta_chunks(
+        state = ops.copy(st["S"])
+        o = ops.delta_chunks(
             qh,
             kh,
             vh,
             state,
-            np.zeros((s.num_heads, t)),
-            np.ascontiguousarray(beta.T),
+            xp.zeros((s.num_heads, t)),
+            xp.ascontiguousarray(beta.T),
             chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
-        o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return self.o_proj(o.reshape(t, -1)), LayerState({"S": state, **new})
+        o = ops.head_norm(o, self.norm_w, self.eps, gate, "swish")
+        return self.o_proj(o.reshape(t, -1)), ops.state({"S": state, **new})
 
 
 def build(

@@ -15,7 +15,11 @@ The contract (what a family may rely on, and what a compute mode may change):
   maybe a read-only mapping of the file): every tensor goes through the factory,
   `weights.dense` / `weights.fused` for each matrix it multiplies by, `weights.array` for every
   other tensor (norm weights, biases, convolution weights, a gate's small tensors), which it gets
-  as a new NumPy array in the compute dtype `weights.dtype` (or the dtype it asks).
+  as a new array of `weights.xp` (NumPy on the host) in the compute dtype `weights.dtype` (or
+  the dtype it asks).
+- A family computes through `weights.ops` (`compute.Compute`: the pieces, the recurrences, new
+  states) and makes arrays with `weights.xp`, never NumPy or a Numba kernel directly: the same
+  family code runs on the host and, built again with `device.DeviceWeights`, on a device.
 - A Dense's product takes x [T, in] in the compute dtype and returns [T, out] in the compute
   dtype; how the weight is held (`Dense.weight`) and how the product is formed are the Dense's.
 - The modes: "float32" and "float64" hold the weights in that dtype and multiply with NumPy's
@@ -50,6 +54,7 @@ import numpy.typing as npt
 from linstream.ops.model.threads import MIN_ROWS
 
 from .bf16 import BF16, Engine, choose_engine, widened
+from .compute import HOST, Compute
 
 __all__ = ["MODES", "Dense", "FusedProjection", "RowSplit", "Weights", "compute_mode", "split_rows"]
 
@@ -194,7 +199,15 @@ class Weights:
 
     dtype: the activations' dtype (float32 in the bfloat16 mode); held: what products'
     weights and the embedding are held in; engine: the bfloat16 mode's `bf16.Engine`;
-    converted_bytes: the stored bytes of every tensor converted (copied) so far."""
+    converted_bytes: the stored bytes of every tensor converted (copied) so far; ops: the
+    compute backend the families call (`compute.HOST` here; a device's in
+    `device.DeviceWeights`), xp its array namespace."""
+
+    ops: Compute = HOST
+
+    @property
+    def xp(self) -> Any:
+        return self.ops.xp
 
     def __init__(self, mode: npt.DTypeLike | str = "float32", *, engine: Engine | None = None):
         self.mode = compute_mode(mode)

@@ -17,6 +17,9 @@ and, for fla's standard block (the default: RMSNorm → mixer → residual → R
         through which every tensor goes (`weights.dense`/`weights.fused` for each matrix the
         layer multiplies by, `weights.array` for everything else; see `dense`).
 
+A family computes through `weights.ops` and `weights.xp` only (never NumPy or a Numba kernel
+directly): the same code runs on the host and on a device (backend "cupy", `compute`, `device`).
+
 A module writes only what differs from these defaults:
 
     parse_common(reader) -> CommonConfig           default: `config.standard_common` (fla's keys:
@@ -61,7 +64,7 @@ from .block import (
 )
 from .config import CommonConfig
 from .dense import Weights
-from .pieces import short_conv
+from .pieces import head_major
 
 __all__ = ["ConvSet", "Family", "family", "head_major", "row_major"]
 
@@ -115,14 +118,6 @@ def family(name: str) -> Family:
     return Family(importlib.import_module(f"{__package__}.{name}"))
 
 
-def head_major(x: np.ndarray, d: int, repeat: int = 1) -> np.ndarray:
-    """[T, n·d] -> a new contiguous [n·repeat, T, d], each head repeated `repeat` times in place
-    (head i of the result is head i // repeat of x: fla's grouped key/value heads)."""
-    t = x.shape[0]
-    h = np.ascontiguousarray(x.reshape(t, -1, d).transpose(1, 0, 2))
-    return np.repeat(h, repeat, axis=0) if repeat > 1 else h
-
-
 def row_major(o: np.ndarray) -> np.ndarray:
     """[H, T, d] -> [T, H, d] (a view)."""
     return o.transpose(1, 0, 2)
@@ -130,13 +125,16 @@ def row_major(o: np.ndarray) -> np.ndarray:
 
 class ConvSet:
     """A layer's short convolutions: weights [D, 1, W] by name (as loaded), their tails carried
-    as `conv_<name>` state arrays [W−1, D].  `silu` names the ones followed by SiLU."""
+    as `conv_<name>` state arrays [W−1, D].  `silu` names the ones followed by SiLU; the
+    convolution is the factory's compute backend's (`factory.ops.short_conv`)."""
 
     def __init__(
         self, weights: Mapping[str, Any], silu: set[str] | frozenset[str], factory: Weights
     ) -> None:
-        self.w = {n: np.ascontiguousarray(factory.array(a)[:, 0, :]) for n, a in weights.items()}
+        xp = factory.ops.xp
+        self.w = {n: xp.ascontiguousarray(factory.array(a)[:, 0, :]) for n, a in weights.items()}
         self.silu = frozenset(silu)
+        self.ops = factory.ops
 
     def state_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(f"conv_{n}", (w.shape[1] - 1, w.shape[0])) for n, w in self.w.items()]
@@ -145,6 +143,6 @@ class ConvSet:
         self, name: str, x: np.ndarray, state: Mapping[str, np.ndarray], new: dict[str, Any]
     ) -> np.ndarray:
         """conv `name` over x [T, D] from the state's tail; the new tail goes into `new`."""
-        y, tail = short_conv(x, state[f"conv_{name}"], self.w[name], name in self.silu)
+        y, tail = self.ops.short_conv(x, state[f"conv_{name}"], self.w[name], name in self.silu)
         new[f"conv_{name}"] = tail
         return y

@@ -22,6 +22,7 @@ default); names and shapes are checked against the config before any tensor is r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -38,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .bf16 import BF16Unavailable
-from .block import ModelLayout, Norm
+from .block import Block, ModelLayout, Norm
 from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
 from .dense import Weights, compute_mode
 from .families import family
@@ -273,19 +274,19 @@ def _peak_rss() -> int:
     return int(r if sys.platform == "darwin" else r * 1024)
 
 
-def _build(
+def _read_model(
     config: FlaConfig,
     entries: Mapping[str, TensorEntry],
-    want: Mapping[str, tuple[int, ...]],
     prefix: str,
     weights: Weights,
-    source: str,
     folder: FolderLocation,
-) -> tuple[FlaModel, LoadReport]:
+    digests: dict[str, str],
+) -> tuple[Any, Norm, list[Block], int]:
+    """The embedding table, final norm and blocks built through `weights` (the tensors read
+    in the loader's order, their sha256 into digests), and the most one layer converted."""
     c: CommonConfig = config.common
     fam = family(c.family)
     layout = fam.layout(config.layer, c)
-    digests: dict[str, str] = {}
     transient = 0
     with ExitStack() as stack:
         files: dict[str, IO[bytes]] = {}
@@ -322,6 +323,44 @@ def _build(
             del raw
             step(n0)
             n0 = weights.converted_bytes
+    return embed, final, blocks, transient
+
+
+def _rebuild(
+    config: FlaConfig,
+    entries: Mapping[str, TensorEntry],
+    prefix: str,
+    folder: FolderLocation,
+    source: str,
+    digests: Mapping[str, str],
+    weights: Weights,
+) -> tuple[Any, list[Block], Norm]:
+    """The model built again through another factory (a device's, `device.DeviceWeights`)
+    from the folder's tensors, refused if any changed since the load."""
+    seen: dict[str, str] = {}
+    embed, final, blocks, _ = _read_model(config, entries, prefix, weights, folder, seen)
+    changed = sorted(n for n in seen if seen[n] != digests.get(n))
+    if changed:
+        msg = (
+            f"{source}: tensor {changed[0]!r} changed since the model was loaded (its bytes "
+            "differ): load the model again"
+        )
+        raise ModelFolderError(msg)
+    return embed, blocks, final
+
+
+def _build(
+    config: FlaConfig,
+    entries: Mapping[str, TensorEntry],
+    want: Mapping[str, tuple[int, ...]],
+    prefix: str,
+    weights: Weights,
+    source: str,
+    folder: FolderLocation,
+) -> tuple[FlaModel, LoadReport]:
+    c: CommonConfig = config.common
+    digests: dict[str, str] = {}
+    embed, final, blocks, transient = _read_model(config, entries, prefix, weights, folder, digests)
     model = FlaModel(
         config,
         embed,
@@ -330,6 +369,7 @@ def _build(
         fingerprint=_fingerprint(config, entries, want, prefix, digests),
         source=source,
         compute_mode=weights.mode,
+        rebuild=functools.partial(_rebuild, config, entries, prefix, folder, source, digests),
     )
     used = [entries[n] for n in want]
     report = LoadReport(

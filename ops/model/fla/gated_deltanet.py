@@ -22,16 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.delta.numba import delta_chunks
-from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
-from .families import ConvSet, head_major, row_major
-from .pieces import head_norm, l2_norm, sigmoid, silu, softplus
+from .families import ConvSet, row_major
 from .state import LayerState, StateSpec
 
 __all__ = ["GatedDeltaNetSpec", "attn_tensors", "build", "parse"]
+
 
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")
 
@@ -107,12 +106,13 @@ class GatedDeltaNetMixer:
     def __init__(
         self, s: GatedDeltaNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights
     ) -> None:
-        self.s, self.eps = s, c.norm_eps
+        self.s, self.eps, self.ops = s, c.norm_eps, weights.ops
         names = ["q", "k", "v", "a", "b"] + ["g"] * s.use_gate
         self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
         self.o_proj = weights.dense(w["o_proj.weight"])
         self.norm_w = weights.array(w["o_norm.weight"])
-        self.a = -np.exp(weights.array(w["A_log"], np.float64))  # −exp(A_log), float64
+        a = -np.exp(np.asarray(w["A_log"], np.float64))
+        self.a = weights.array(a, np.float64)  # −exp(A_log), float64, formed on the host
         self.dt_bias = weights.array(w["dt_bias"], np.float64)
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qkv"} if s.conv_size else {}
         self.conv = ConvSet(convs, {"q", "k", "v"}, weights)
@@ -120,37 +120,38 @@ class GatedDeltaNetMixer:
         self.state_spec = StateSpec((("S", (hv, dk, dv)), *self.conv.state_shapes()))
 
     def forward(self, x: np.ndarray, st: LayerState) -> tuple[np.ndarray, LayerState]:
-        s = self.s
+        s, ops = self.s, self.ops
+        xp = ops.xp
         t = x.shape[0]
         p = self.proj(x)
         new: dict[str, Any] = {}
         if s.conv_size:
             q, k, v = (self.conv(n, p[n], st, new) for n in "qkv")
         else:
-            q, k, v = silu(p["q"]), silu(p["k"]), silu(p["v"])
+            q, k, v = ops.silu(p["q"]), ops.silu(p["k"]), ops.silu(p["v"])
         r = s.num_v_heads // s.num_heads
-        qh = l2_norm(head_major(q, s.head_k_dim, r))
-        kh = l2_norm(head_major(k, s.head_k_dim, r))
+        qh = ops.l2_norm(ops.head_major(q, s.head_k_dim, r))
+        kh = ops.l2_norm(ops.head_major(k, s.head_k_dim, r))
         qh *= x.dtype.type(s.head_k_dim**-0.5)
-        vh = head_major(v, s.head_v_dim)
-        log_alpha = self.a * softplus(p["a"].astype(np.float64) + self.dt_bias)  # [T, HV]
-        beta = sigmoid(p["b"].astype(np.float64))
+        vh = ops.head_major(v, s.head_v_dim)
+        log_alpha = self.a * ops.softplus(p["a"].astype(np.float64) + self.dt_bias)  # [T, HV]
+        beta = ops.sigmoid(p["b"].astype(np.float64))
         if s.allow_neg_eigval:
             beta = beta * 2.0
-        state = np.array(st["S"], copy=True)
-        o = delta_chunks(
+        state = ops.copy(st["S"])
+        o = ops.delta_chunks(
             qh,
             kh,
             vh,
             state,
-            np.ascontiguousarray(log_alpha.T),
-            np.ascontiguousarray(beta.T),
+            xp.ascontiguousarray(log_alpha.T),
+            xp.ascontiguousarray(beta.T),
             chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
-        o = head_norm(o, self.norm_w, self.eps, gate, s.gate_activation)
-        return self.o_proj(o.reshape(t, -1)), LayerState({"S": state, **new})
+        o = ops.head_norm(o, self.norm_w, self.eps, gate, s.gate_activation)
+        return self.o_proj(o.reshape(t, -1)), ops.state({"S": state, **new})
 
 
 def build(

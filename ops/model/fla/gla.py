@@ -23,15 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
-from .families import ConvSet, head_major, row_major
-from .pieces import ACTIVATIONS, head_norm, log_gate
+from .families import ConvSet, row_major
 from .state import LayerState, StateSpec
 
 __all__ = ["GLASpec", "attn_tensors", "build", "parse"]
+
 
 GATE_RANK = 16  # fla 0.6.0's GatedLinearAttention defaults, which its block never overrides
 GATE_NORMALIZER = 16
@@ -126,7 +125,7 @@ def attn_tensors(s: GLASpec, c: CommonConfig) -> dict[str, tuple[int, ...]]:
 
 class GLAMixer:
     def __init__(self, s: GLASpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
-        self.s, self.eps = s, c.norm_eps
+        self.s, self.eps, self.ops = s, c.norm_eps, weights.ops
         names = ["q", "k", "v"] + ["g"] * s.output_gate
         parts = [(n, w[f"{n}_proj.weight"]) for n in names] + [("gk0", w["gk_proj.0.weight"])]
         self.proj = weights.fused(parts)
@@ -142,7 +141,7 @@ class GLAMixer:
         self.state_spec = StateSpec((("S", (h, dk, dv)), *self.conv.state_shapes()))
 
     def forward(self, x: np.ndarray, st: LayerState) -> tuple[np.ndarray, LayerState]:
-        s = self.s
+        s, ops = self.s, self.ops
         p = self.proj(x)
         new: dict[str, Any] = {}
         q, k, v = p["q"], p["k"], p["v"]
@@ -150,18 +149,19 @@ class GLAMixer:
             q, k, v = (self.conv(n, a, st, new) for n, a in (("q", q), ("k", k), ("v", v)))
         g = s.kv_groups
         # logsigmoid(gk + b) / 16, clamped, head-major: one pass (`fused.log_gate`)
-        gh = log_gate(self.gk1(p["gk0"]), self.b_gk1, GATE_NORMALIZER, s.clamp_min, s.head_k_dim, g)
-        qh = head_major(q, s.head_k_dim)
-        kh = head_major(k, s.head_k_dim, g)
-        vh = head_major(v, s.head_v_dim, g)
+        gk = self.gk1(p["gk0"])
+        gh = ops.log_gate(gk, self.b_gk1, GATE_NORMALIZER, s.clamp_min, s.head_k_dim, g)
+        qh = ops.head_major(q, s.head_k_dim)
+        kh = ops.head_major(k, s.head_k_dim, g)
+        vh = ops.head_major(v, s.head_v_dim, g)
         if s.feature_map is not None:
-            qh, kh = ACTIVATIONS[s.feature_map](qh), ACTIVATIONS[s.feature_map](kh)
+            qh, kh = ops.activation(s.feature_map, qh), ops.activation(s.feature_map, kh)
         qh *= x.dtype.type(s.head_k_dim**-0.5)
-        state = np.array(st["S"], copy=True)
-        o = row_major(vector_gated_chunks(qh, kh, vh, gh, state))
+        state = ops.copy(st["S"])
+        o = row_major(ops.vector_gated_chunks(qh, kh, vh, gh, state))
         gate = p["g"].reshape(o.shape) if s.output_gate else None
-        o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        return self.o_proj(o.reshape(x.shape[0], -1)), LayerState({"S": state, **new})
+        o = ops.head_norm(o, self.norm_w, self.eps, gate, "swish")
+        return self.o_proj(o.reshape(x.shape[0], -1)), ops.state({"S": state, **new})
 
 
 def build(

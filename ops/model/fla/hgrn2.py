@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.vector_numba import vector_gated_chunks
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
-from .families import ConvSet, head_major, row_major
-from .pieces import logsigmoid, rms_norm, silu
+from .families import ConvSet, row_major
 from .state import LayerState, StateSpec
 
 __all__ = ["HGRN2Spec", "attn_tensors", "build", "lower_bounds", "model_tensors", "parse"]
+
 
 OUTPUT_NORM_EPS = 1e-5  # rms_norm_linear's default: HGRN2 passes no eps to its output norm
 
@@ -111,43 +110,44 @@ class HGRN2Mixer:
         index: int,
         model: Mapping[str, Any],
     ) -> None:
-        self.s = s
+        self.s, self.ops = s, weights.ops
         self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in "qfi"])
         self.o_proj = weights.dense(w["o_proj.weight"])
         nw = w.get("g_norm.weight")
         self.norm_w = None if nw is None else weights.array(nw)
         self.lb: np.ndarray | None = None
         if s.use_lower_bound and index > 0:
-            lb = lower_bounds(weights.array(model["lower_bounds"], np.float64))[index]
-            self.lb = np.stack([np.log(lb), np.log1p(-lb)])  # [2, hidden] float64
+            lb = lower_bounds(np.asarray(model["lower_bounds"], np.float64))[index]
+            self.lb = weights.array(np.stack([np.log(lb), np.log1p(-lb)]), np.float64)  # [2, D]
         convs = {n: w[f"{n}_conv1d.weight"] for n in "qfi"} if s.conv_size else {}
         self.conv = ConvSet(convs, set(), weights)
         h, e = s.num_heads, s.expand_ratio
         self.state_spec = StateSpec((("S", (h, e, c.hidden_size // h)), *self.conv.state_shapes()))
 
     def forward(self, x: np.ndarray, st: LayerState) -> tuple[np.ndarray, LayerState]:
-        s = self.s
+        s, ops = self.s, self.ops
+        xp = ops.xp
         t = x.shape[0]
         p = self.proj(x)
         new: dict[str, Any] = {}
         q, f, i = p["q"], p["f"], p["i"]
         if s.conv_size:
             q, f, i = (self.conv(n, a, st, new) for n, a in (("q", q), ("f", f), ("i", i)))
-        q = silu(q)
-        g = logsigmoid(f.astype(np.float64))
+        q = ops.silu(q)
+        g = ops.logsigmoid(f.astype(np.float64))
         if self.lb is not None:
-            g = np.logaddexp(self.lb[0], self.lb[1] + g)
-        k = -np.expm1(g)
+            g = xp.logaddexp(self.lb[0], self.lb[1] + g)
+        k = -xp.expm1(g)
         e = s.expand_ratio
-        qh = head_major(q, e)
+        qh = ops.head_major(q, e)
         qh *= x.dtype.type(e**-0.5)
-        kh = head_major(k.astype(x.dtype), e)
-        gh = head_major(g.astype(x.dtype), e)
-        vh = head_major(i, x.shape[1] // s.num_heads)
-        state = np.array(st["S"], copy=True)
-        o = row_major(vector_gated_chunks(qh, kh, vh, gh, state)).reshape(t, -1)
-        o = rms_norm(o, self.norm_w, OUTPUT_NORM_EPS)
-        return self.o_proj(o), LayerState({"S": state, **new})
+        kh = ops.head_major(k.astype(x.dtype), e)
+        gh = ops.head_major(g.astype(x.dtype), e)
+        vh = ops.head_major(i, x.shape[1] // s.num_heads)
+        state = ops.copy(st["S"])
+        o = row_major(ops.vector_gated_chunks(qh, kh, vh, gh, state)).reshape(t, -1)
+        o = ops.rms_norm(o, self.norm_w, OUTPUT_NORM_EPS)
+        return self.o_proj(o), ops.state({"S": state, **new})
 
 
 def build(

@@ -17,25 +17,39 @@ convolution over x, B and C.
 config.json: fla's dialect when it holds a key only fla 0.6.0's Mamba2Config has (norm_eps,
 dt_limit, rmsnorm, ...), else transformers 5.24's; each read with its library's defaults, and
 any key that library does not define refused (`config_mamba2`).
+
+Where it runs: through the factory's compute backend (`weights.ops`): its RMSNorm and SSD
+kernel (the Numba one on the host, the CUDA one with the device's launcher on a device), and
+the convolution and gated norm (`Mamba2Ops`): the fused Numba passes (`mamba2_passes`) on the
+host, the same passes as array expressions of the device's namespace (`mamba2_xp`) on a device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from linstream.ops.ssd.numba import ssd_chunks
 
+from . import mamba2_xp
 from .block import ModelLayout, NormSpec
+from .compute import Compute
 from .config import CommonConfig
 from .config_mamba2 import Mamba2Spec, parse, parse_common
 from .dense import Weights
-from .mamba2_passes import conv_silu, gated_norm
-from .pieces import rms_norm
 from .state import LayerState, StateSpec
 
-__all__ = ["Mamba2Block", "build_block", "layer_tensors", "layout", "parse", "parse_common"]
+__all__ = [
+    "Mamba2Block",
+    "Mamba2Ops",
+    "build_block",
+    "layer_tensors",
+    "layout",
+    "parse",
+    "parse_common",
+]
+
 
 _LAYOUT = ModelLayout(
     prefixes=("backbone.",),
@@ -79,6 +93,43 @@ def layer_tensors(s: Mamba2Spec, c: CommonConfig, index: int) -> dict[str, tuple
     return out
 
 
+class Mamba2Ops:
+    """The layer's passes between its products where the factory's backend runs (`ops`): the
+    Numba passes on the host (today's functions themselves, imported at the first call, as
+    `compute` imports the host's kernels: the host's bits unchanged, and a device never imports
+    Numba), the array expressions of ops.xp on a device.  Holds no array (no `__dict__`:
+    `block.held_arrays` finds nothing here)."""
+
+    __slots__ = ("_fns", "_ops")
+
+    def __init__(self, ops: Compute) -> None:
+        self._ops = ops
+        self._fns: dict[str, Callable[..., Any]] = {}
+
+    def _get(self, name: str) -> Callable[..., Any]:
+        if not self._fns:
+            ops = self._ops
+            if ops.device:
+                self._fns = {
+                    "conv_silu": functools.partial(mamba2_xp.conv_silu, ops.xp),
+                    "gated_norm": functools.partial(mamba2_xp.gated_norm, ops.xp),
+                }
+            else:
+                from . import mamba2_passes
+
+                self._fns = {
+                    "conv_silu": mamba2_passes.conv_silu,
+                    "gated_norm": mamba2_passes.gated_norm,
+                }
+        return self._fns[name]
+
+    def conv_silu(self, *args: Any) -> Any:
+        return self._get("conv_silu")(*args)
+
+    def gated_norm(self, *args: Any) -> Any:
+        return self._get("gated_norm")(*args)
+
+
 class Mamba2Block:
     """One Mamba-2 layer: norm, mixer, residual (see the module docstring)."""
 
@@ -86,15 +137,17 @@ class Mamba2Block:
         self, s: Mamba2Spec, c: CommonConfig, w: Mapping[str, Any], weights: Weights
     ) -> None:
         self.s, self.eps = s, c.norm_eps
+        self.ops, self.passes = weights.ops, Mamba2Ops(weights.ops)
+        xp = weights.xp
         self.inner, self.conv_dim, _ = _dims(s, c)
         self.norm = weights.array(w["norm.weight"])
         self.in_proj = weights.dense(w["mixer.in_proj.weight"])
         self.out_proj = weights.dense(w["mixer.out_proj.weight"])
         self.in_bias = _maybe(weights, w, "mixer.in_proj.bias")
         self.out_bias = _maybe(weights, w, "mixer.out_proj.bias")
-        self.conv_w = np.ascontiguousarray(weights.array(w["mixer.conv1d.weight"])[:, 0, :])
+        self.conv_w = xp.ascontiguousarray(weights.array(w["mixer.conv1d.weight"])[:, 0, :])
         self.conv_b = _maybe(weights, w, "mixer.conv1d.bias")
-        self.a = -np.exp(weights.array(w["mixer.A_log"], np.float64))  # A = −exp(A_log)
+        self.a = -xp.exp(weights.array(w["mixer.A_log"], np.float64))  # A = −exp(A_log)
         self.dt_bias = weights.array(w["mixer.dt_bias"], np.float64)
         d = weights.array(w["mixer.D"])
         self.d = d.reshape(s.num_heads, s.head_dim) if s.d_has_hdim else d
@@ -110,19 +163,19 @@ class Mamba2Block:
     def forward(
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
-        s, t = self.s, x.shape[0]
+        s, t, passes = self.s, x.shape[0], self.passes
         inner, conv = self.inner, self.conv_dim
-        p = self.in_proj(rms_norm(x, self.norm, self.eps))
+        p = self.in_proj(self.ops.rms_norm(x, self.norm, self.eps))
         if self.in_bias is not None:
             p += self.in_bias
         raw = p[:, inner : inner + conv]
-        xbc, tail = conv_silu(raw, state["conv_xbc"], self.conv_w, self.conv_b)
+        xbc, tail = passes.conv_silu(raw, state["conv_xbc"], self.conv_w, self.conv_b)
         gn = s.n_groups * s.state_size
         xs = xbc[:, :inner].reshape(t, s.num_heads, s.head_dim)
         b = xbc[:, inner : inner + gn].reshape(t, s.n_groups, s.state_size)
         c = xbc[:, inner + gn :].reshape(t, s.n_groups, s.state_size)
-        ssm = np.array(state["S"], copy=True)
-        y = ssd_chunks(
+        ssm = self.ops.copy(state["S"])
+        y = self.ops.ssd_chunks(
             xs,
             p[:, inner + conv :],
             self.a,
@@ -133,13 +186,13 @@ class Mamba2Block:
             dt_bias=self.dt_bias,
             dt_limit=self.limit,
         )
-        o = gated_norm(
+        o = passes.gated_norm(
             y.reshape(t, inner), p[:, :inner], self.norm_w, s.n_groups, self.eps, s.gated_norm
         )
         out = self.out_proj(o)
         if self.out_bias is not None:
             out += self.out_bias
-        return x + out, LayerState({"S": ssm, "conv_xbc": tail})
+        return x + out, self.ops.state({"S": ssm, "conv_xbc": tail})
 
 
 def _maybe(weights: Weights, w: Mapping[str, Any], name: str) -> np.ndarray | None:

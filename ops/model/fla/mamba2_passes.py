@@ -34,9 +34,10 @@ import numpy as np
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
 
+from .mamba2_xp import GATED_NORM_MODES  # Numba-free, so the device path shares it
+
 __all__ = ["GATED_NORM_MODES", "conv_silu", "gated_norm"]
 
-GATED_NORM_MODES = ("gate_then_norm", "norm_then_gate", "gate")
 _WORK_PER_ELEMENT = 16  # as fused.py: a parallel region from 2^18 elements
 
 

@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.numba import decay_chunks
-from linstream.ops.rules.dispatch import DEFAULT_RULE_CHUNK
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
-from .families import head_major, row_major
+from .families import row_major
 from .gla import FEATURE_MAPS
-from .pieces import ACTIVATIONS, head_norm, rotary, rotary_tables
 from .state import POSITION, LayerState, StateSpec
 
 __all__ = ["RetNetSpec", "attn_tensors", "build", "decays", "parse"]
+
 
 MAX_HEAD_K_DIM = 256  # fla asserts it
 
@@ -120,52 +119,53 @@ def decays(num_heads: int) -> np.ndarray:
 
 class RetNetMixer:
     def __init__(self, s: RetNetSpec, c: CommonConfig, w: Mapping[str, Any], weights: Weights):
-        self.s, self.eps = s, c.norm_eps
+        self.s, self.eps, self.ops = s, c.norm_eps, weights.ops
         names = ["q", "k", "v"] + ["g"] * s.output_gate
         self.proj = weights.fused([(n, w[f"{n}_proj.weight"]) for n in names])
         self.o_proj = weights.dense(w["o_proj.weight"])
         nw = w.get(f"{s.norm_name}.weight")
         self.norm_w = None if nw is None else weights.array(nw)
-        self.log_gamma = decays(s.num_heads)
+        self.log_gamma = weights.array(decays(s.num_heads), np.float64)
         h, dk, dv = s.num_heads, s.head_k_dim, s.head_v_dim
         self.state_spec = StateSpec((("S", (h, dk, dv)), (POSITION, (1,))))
 
     def forward(self, x: np.ndarray, st: LayerState) -> tuple[np.ndarray, LayerState]:
-        s = self.s
+        s, ops = self.s, self.ops
+        xp = ops.xp
         t = x.shape[0]
         p = self.proj(x)
         q = p["q"].reshape(t, s.num_heads, s.head_k_dim)
         k = p["k"].reshape(t, -1, s.head_k_dim)
         if s.feature_map is not None:
-            q, k = ACTIVATIONS[s.feature_map](q), ACTIVATIONS[s.feature_map](k)
+            q, k = ops.activation(s.feature_map, q), ops.activation(s.feature_map, k)
         start = int(st[POSITION][0])
-        cos, sin = rotary_tables(s.head_k_dim, start, t, x.dtype)
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        cos, sin = ops.rotary_tables(s.head_k_dim, start, t, x.dtype)
+        q, k = ops.rotary(q, cos, sin), ops.rotary(k, cos, sin)
         q *= x.dtype.type(s.head_k_dim**-0.5)
         g = s.kv_groups
-        qh = head_major(q.reshape(t, -1), s.head_k_dim)
-        kh = head_major(k.reshape(t, -1), s.head_k_dim, g)
-        vh = head_major(p["v"], s.head_v_dim, g)
+        qh = ops.head_major(q.reshape(t, -1), s.head_k_dim)
+        kh = ops.head_major(k.reshape(t, -1), s.head_k_dim, g)
+        vh = ops.head_major(p["v"], s.head_v_dim, g)
         h, dv = s.num_heads, s.head_v_dim
-        ones = np.ones((h, t, 1), dtype=x.dtype)  # the decay kernel carries z as a last column
-        sx = np.zeros((h, s.head_k_dim, dv + 1), dtype=st["S"].dtype)
+        ones = xp.ones((h, t, 1), dtype=x.dtype)  # the decay kernel carries z as a last column
+        sx = xp.zeros((h, s.head_k_dim, dv + 1), dtype=st["S"].dtype)
         sx[:, :, :dv] = st["S"]
-        log_gate = np.repeat(self.log_gamma[:, None], t, axis=1)
-        o = decay_chunks(
+        log_gate = xp.repeat(self.log_gamma[:, None], t, axis=1)
+        o = ops.decay_chunks(
             qh,
             kh,
-            np.concatenate([vh, ones], axis=2),
+            xp.concatenate([vh, ones], axis=2),
             sx,
             log_gate,
-            np.zeros((h, t)),
+            xp.zeros((h, t)),
             normalize=False,
             chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.output_gate else None
-        o = head_norm(o, self.norm_w, self.eps, gate, "swish")
-        new = {"S": np.ascontiguousarray(sx[:, :, :dv]), POSITION: np.array([start + t], np.int64)}
-        return self.o_proj(o.reshape(t, -1)), LayerState(new)
+        o = ops.head_norm(o, self.norm_w, self.eps, gate, "swish")
+        new = {"S": xp.ascontiguousarray(sx[:, :, :dv]), POSITION: np.array([start + t], np.int64)}
+        return self.o_proj(o.reshape(t, -1)), ops.state(new)
 
 
 def build(

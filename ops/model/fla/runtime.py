@@ -19,17 +19,23 @@ held at one thread and a long chunk's rows in ranges
 fixed by its length, run on the process's threads (`linstream.ops.model.blas`, shared with the
 built-in model: the bits do not depend on the thread count, and on a shared machine no call
 waits for a thread that is not running); the recurrences are the Numba CPU kernels of
-`linstream.ops` (these models have no GPU path).
+`linstream.ops`.  With backend "cupy" (or "auto" where a CUDA device is usable) the same blocks,
+built a second time on the device at its first forward there, run the CuPy kernels and cuBLAS
+products (`device`, `compute`); states in and out stay host `LayerState`s, so a sequence moves
+between host and device from one chunk to the next.  Without a device, "cupy" raises
+`BackendUnavailableError` saying why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from linstream.ops.backend import resolve_backend
 from linstream.ops.model.blas import _thread_layout
 from linstream.ops.model.protocol import check_token_ids
 
@@ -40,7 +46,13 @@ from .state import LayerState, StateSpec, stack_states, stacked_layout, unstack_
 
 __all__ = ["FlaModel", "LoadReport"]
 
-HOST_BACKENDS = ("auto", "numba", "numpy")
+HOST_BACKENDS = ("numba", "numpy")
+BACKENDS = ("auto", "numba", "numpy", "cupy")
+
+#: The loader's closure: a factory -> the model's (embedding table, blocks, final norm) built
+#: through it (the device's weights are built so, `device`).
+Rebuild = Callable[[Any], tuple[Any, Sequence[Block], Norm]]
+_DEVICE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,7 @@ class FlaModel:
         tokenizer_problem: str | None = None,
         load_report: LoadReport | None = None,
         compute_mode: str | None = None,
+        rebuild: Rebuild | None = None,
     ) -> None:
         self.config = config
         #: "float32", "float64" or "bfloat16" (load_model's compute_dtype)
@@ -116,6 +129,8 @@ class FlaModel:
         self._blocks = list(blocks)
         self._final = final_norm
         self.state_specs: list[StateSpec] = [b.state_spec for b in self._blocks]
+        self._rebuild = rebuild
+        self._device_models: dict[Any, Any] = {}  # device key -> device.DeviceModel
 
     def __repr__(self) -> str:
         c = self.config.common
@@ -162,7 +177,7 @@ class FlaModel:
 
     def stack_states(self, states: Sequence[LayerState], position: int) -> dict[str, np.ndarray]:
         """The states as one array per name, layers first (`state.stack_states`)."""
-        return stack_states(self._check_states(states), position)
+        return stack_states(self.check_states(states), position)
 
     def unstack_states(self, arrays: Mapping[str, np.ndarray], position: int) -> list[LayerState]:
         """Per-layer states from `stack_states`' arrays, at `position` (`state.unstack_states`)."""
@@ -172,7 +187,7 @@ class FlaModel:
         """Bytes of one sequence's carried state (every layer), whatever its length."""
         return sum(spec.nbytes(np.dtype(dtype)) for spec in self.state_specs)
 
-    def _check_states(self, states: Any) -> list[LayerState]:
+    def check_states(self, states: Any) -> list[LayerState]:
         n = len(self.state_specs)
         if not isinstance(states, Sequence):
             msg = f"states must be a list of {n} LayerState, got {type(states).__name__}"
@@ -254,14 +269,16 @@ class FlaModel:
     def _forward(
         self, tokens: Any, states: Sequence[LayerState] | None, backend: str, keep: int | None
     ) -> tuple[list[np.ndarray], list[LayerState]]:
-        if backend not in HOST_BACKENDS:
-            msg = (
-                f"fla models run on the Numba CPU kernels: expected backend 'auto', 'numba' or "
-                f"'numpy', got {backend!r}"
-            )
+        if backend not in BACKENDS:
+            msg = f"expected backend 'auto', 'numba', 'numpy' or 'cupy', got {backend!r}"
             raise ValueError(msg)
+        on_device = backend not in HOST_BACKENDS and resolve_backend(backend) == "cupy"
+        if on_device:
+            from linstream.ops.model.device import _cupy_device
+
+            return self._forward_on(_cupy_device(), tokens, states, keep)
         ids = self._prepare(tokens)
-        st = self.initial_states() if states is None else self._check_states(states)
+        st = self.initial_states() if states is None else self.check_states(states)
         n = len(self._blocks)
         x = self._embed[ids].astype(self.compute_dtype, copy=False)
         out = [x] if keep in (None, 0) else []
@@ -277,6 +294,39 @@ class FlaModel:
             if keep in (None, n):
                 out.append(self._final(x))
         return out, new
+
+    def _forward_on(
+        self, dev: Any, tokens: Any, states: Sequence[LayerState] | None, keep: int | None
+    ) -> tuple[list[np.ndarray], list[LayerState]]:
+        """The forward on a device (`linstream.ops.model.device._CupyDevice`; the CPU tests
+        pass one over the CUDA emulator's launcher): host tokens and states in, host hidden
+        states and states out."""
+        ids = self._prepare(tokens)
+        st = self.initial_states() if states is None else self.check_states(states)
+        out, new = self._device_model(dev).forward(dev, ids, st, keep, self.compute_dtype)
+        return out, new
+
+    def _device_model(self, dev: Any) -> Any:
+        """This model's blocks on dev, built on first use there (`device`) and cached."""
+        from .device import DeviceModel, DeviceWeights
+
+        key = dev.cache_key()
+        m = self._device_models.get(key)
+        if m is None:
+            with _DEVICE_LOCK:
+                m = self._device_models.get(key)
+                if m is None:
+                    if self._rebuild is None:
+                        msg = (
+                            f"{self.source}: this model was not loaded from a folder "
+                            "(load_model), so it has no device path"
+                        )
+                        raise ValueError(msg)
+                    weights = DeviceWeights(self.compute_mode, dev.launcher)
+                    embed, blocks, final = self._rebuild(weights)
+                    m = DeviceModel(weights.ops, embed, blocks, final)
+                    self._device_models[key] = m
+        return m
 
 
 def _as_state_dtype(st: LayerState, dtype: np.dtype) -> LayerState:

@@ -27,25 +27,33 @@ State per layer (`state.StateSpec`, the same for every layer): `S` [H, head_dim,
 (key-major, as fla's recurrent_state), `shift_attn` and `shift_ffn` [hidden]: the last token's
 attn_norm and ffn_norm outputs (fla's conv_state and ffn_state).  v_first is not state: layer 0
 computes it from the same tokens, and hands it to the later layers through the chunk's carry.
+
+Where it runs: through the factory's compute backend (`weights.ops`): its DPLR kernel (the
+Numba one on the host, the CUDA one with the device's launcher on a device), and the elementwise
+steps (`RWKV7Ops`): the fused Numba passes (`rwkv7_passes`) on the host, the same steps as
+array expressions of the device's namespace (`rwkv7_xp`) on a device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.dplr.numba import DEFAULT_DPLR_CHUNK, dplr_chunks
+from linstream.ops.dplr.constants import DEFAULT_DPLR_CHUNK
 
-from . import rwkv7_passes as passes
+from . import rwkv7_xp
 from .block import ModelLayout, Norm, NormSpec
+from .compute import Compute
 from .config import CommonConfig, ConfigReader, refuse_hybrid
 from .dense import Weights
 from .state import LayerState, StateSpec
 
 __all__ = [
     "RWKV7Block",
+    "RWKV7Ops",
     "RWKV7Spec",
     "build_block",
     "layer_tensors",
@@ -204,6 +212,72 @@ def layer_tensors(s: RWKV7Spec, c: CommonConfig, index: int) -> dict[str, tuple[
     return out
 
 
+#: the passes of `rwkv7_passes` the block calls, by name (`rwkv7_xp` has each, xp first)
+PASSES = (
+    "shift_mix",
+    "decay_",
+    "sigmoid_",
+    "v_residual",
+    "keys",
+    "group_norm_out_",
+    "sqrelu_",
+    "layer_norm",
+    "add_layer_norm",
+)
+
+
+class RWKV7Ops:
+    """The block's elementwise passes where the factory's backend runs (`ops`): the Numba passes
+    on the host (today's functions themselves, imported at the first call, as `compute` imports
+    the host's kernels: the host's bits unchanged, and a device never imports Numba), the array
+    expressions of ops.xp on a device.  Holds no array (no `__dict__`: `block.held_arrays`
+    finds nothing here)."""
+
+    __slots__ = ("_fns", "_ops", "xp")
+
+    def __init__(self, ops: Compute) -> None:
+        self._ops, self.xp = ops, ops.xp
+        self._fns: dict[str, Callable[..., Any]] = {}
+
+    def _get(self, name: str) -> Callable[..., Any]:
+        if not self._fns:
+            ops = self._ops
+            if ops.device:
+                self._fns = {n: functools.partial(getattr(rwkv7_xp, n), ops.xp) for n in PASSES}
+            else:
+                from . import rwkv7_passes
+
+                self._fns = {n: getattr(rwkv7_passes, n) for n in PASSES}
+        return self._fns[name]
+
+    def shift_mix(self, *args: Any) -> Any:
+        return self._get("shift_mix")(*args)
+
+    def decay_(self, *args: Any) -> Any:
+        return self._get("decay_")(*args)
+
+    def sigmoid_(self, *args: Any) -> Any:
+        return self._get("sigmoid_")(*args)
+
+    def v_residual(self, *args: Any) -> Any:
+        return self._get("v_residual")(*args)
+
+    def keys(self, *args: Any) -> Any:
+        return self._get("keys")(*args)
+
+    def group_norm_out_(self, *args: Any) -> Any:
+        return self._get("group_norm_out_")(*args)
+
+    def sqrelu_(self, *args: Any) -> Any:
+        return self._get("sqrelu_")(*args)
+
+    def layer_norm(self, *args: Any) -> Any:
+        return self._get("layer_norm")(*args)
+
+    def add_layer_norm(self, *args: Any) -> Any:
+        return self._get("add_layer_norm")(*args)
+
+
 class RWKV7Block:
     """One RWKV-7 layer (see the module docstring)."""
 
@@ -211,6 +285,7 @@ class RWKV7Block:
         self, s: RWKV7Spec, c: CommonConfig, t: Mapping[str, Any], weights: Weights, index: int
     ) -> None:
         self.s, self.index = s, index
+        self.ops, self.p = weights.ops, RWKV7Ops(weights.ops)
         d = c.hidden_size
         eps = c.norm_eps
 
@@ -219,7 +294,7 @@ class RWKV7Block:
 
         self.pre_norm = norm("pre_norm") if s.norm_first and index == 0 else None
         self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
-        self.mix = np.stack([weights.array(t[f"attn.x_{m}"]).reshape(d) for m in MIXES])
+        self.mix = weights.xp.stack([weights.array(t[f"attn.x_{m}"]).reshape(d) for m in MIXES])
         self.k_k = weights.array(t["attn.k_k"])
         self.k_a = weights.array(t["attn.k_a"])
         self.r_k = weights.array(t["attn.r_k"])
@@ -256,41 +331,42 @@ class RWKV7Block:
     def forward(
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
+        p = self.p
         if self.pre_norm is not None:
-            x = _layer_norm(self.pre_norm, x)
-        h = _layer_norm(self.attn_norm, x)
+            x = self._layer_norm(self.pre_norm, x)
+        h = self._layer_norm(self.attn_norm, x)
         attn, s_new = self._time_mix(h, state, carry)
         n = self.ffn_norm
         assert n.weight is not None
-        x, f = passes.add_layer_norm(x, attn, n.weight, n.bias, n.eps)
-        xk = passes.shift_mix(f, state["shift_ffn"], self.ffn_mix[None])[0]
-        x += self.value(passes.sqrelu_(self.key(xk)))
+        x, f = p.add_layer_norm(x, attn, n.weight, n.bias, n.eps)
+        xk = p.shift_mix(f, state["shift_ffn"], self.ffn_mix[None])[0]
+        x += self.value(p.sqrelu_(self.key(xk)))
         new = {"S": s_new, "shift_attn": h[-1].copy(), "shift_ffn": f[-1].copy()}
-        return x, LayerState(new)
+        return x, self.ops.state(new)
 
     def _time_mix(
         self, h: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, np.ndarray]:
-        s = self.s
+        s, p, xp = self.s, self.p, self.p.xp
         t = h.shape[0]
         nh, hd, hv = s.num_heads, s.head_dim, s.head_v_dim
-        xr, xw, xk, xv, xa, xg = passes.shift_mix(h, state["shift_attn"], self.mix)
+        xr, xw, xk, xv, xa, xg = p.shift_mix(h, state["shift_attn"], self.mix)
         r = self.r_proj(xr)
         k = self.k_proj(xk)
         pv = self.v_proj(xv)
-        w = passes.decay_(self.lora_out["w"](np.tanh(self.lora_in["w"](xw))), self.lora_bias["w"])
+        w = p.decay_(self.lora_out["w"](xp.tanh(self.lora_in["w"](xw))), self.lora_bias["w"])
         if self.index == 0:
-            v = np.ascontiguousarray(pv["v"])
+            v = xp.ascontiguousarray(pv["v"])
             carry["v_first"] = v
         else:
             gate = self.lora_out["v"](pv["v_lora"])
-            v = passes.v_residual(pv["v"], carry["v_first"], gate, self.lora_bias["v"])
-        alpha = passes.sigmoid_(self.lora_out["a"](self.lora_in["a"](xa)), self.lora_bias["a"])
-        g = self.lora_out["g"](passes.sigmoid_(self.lora_in["g"](xg)))
-        a, k, b = passes.keys(k, alpha, self.k_k, self.k_a, hd, s.fuse_norm)
-        state_s = np.array(state["S"], copy=True)
+            v = p.v_residual(pv["v"], carry["v_first"], gate, self.lora_bias["v"])
+        alpha = p.sigmoid_(self.lora_out["a"](self.lora_in["a"](xa)), self.lora_bias["a"])
+        g = self.lora_out["g"](p.sigmoid_(self.lora_in["g"](xg)))
+        a, k, b = p.keys(k, alpha, self.k_k, self.k_a, hd, s.fuse_norm)
+        state_s = self.ops.copy(state["S"])
         r3, k3, v3 = r.reshape(t, nh, hd), k.reshape(t, nh, hd), v.reshape(t, nh, hv)
-        o = dplr_chunks(
+        o = self.ops.dplr_chunks(
             r3,
             k3,
             v3,
@@ -300,16 +376,15 @@ class RWKV7Block:
             state_s,
             chunk_size=DEFAULT_DPLR_CHUNK,
         )
-        o = passes.group_norm_out_(
+        o = p.group_norm_out_(
             o, r3, k3, v3, self.r_k, g.reshape(t, nh, hv), self.g_norm_w, self.g_norm_b,
             self.g_norm_eps,
         )  # fmt: skip
         return self.o_proj(o.reshape(t, -1)), state_s
 
-
-def _layer_norm(n: Norm, x: np.ndarray) -> np.ndarray:
-    assert n.weight is not None
-    return passes.layer_norm(x, n.weight, n.bias, n.eps)
+    def _layer_norm(self, n: Norm, x: np.ndarray) -> np.ndarray:
+        assert n.weight is not None
+        return self.p.layer_norm(x, n.weight, n.bias, n.eps)
 
 
 def build_block(

@@ -29,6 +29,8 @@ import numpy as np
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
 
+from .rwkv7_xp import _L2_EPS, _NORMALIZE_EPS, DECAY_SCALE  # the constants live Numba-free
+
 __all__ = [
     "add_layer_norm",
     "decay_",
@@ -41,9 +43,6 @@ __all__ = [
     "v_residual",
 ]
 
-DECAY_SCALE = -0.6065306597126334  # −e^{−1/2}
-_L2_EPS = 1e-6  # fla.modules.l2norm (fuse_norm), inside the root
-_NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize, a floor on the norm
 _WORK_PER_ELEMENT = 16  # as fused.py: a parallel region from 2^18 elements
 
 

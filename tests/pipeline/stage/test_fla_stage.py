@@ -162,6 +162,32 @@ def test_a_float32_state_is_carried_and_committed_as_float32(folders, tmp_path):
     assert all(np.array_equal(st.tensors[k][i], states[i][k]) for i in range(2) for k in st.tensors)
 
 
-def test_the_gpu_backend_is_refused_for_a_folder(folders):
-    with pytest.raises(ValueError, match="runs on the CPU kernels only"):
-        EmbedStep(folders["gla"], backend="cupy")
+def test_the_gpu_backend_runs_a_folder_on_the_device(folders, tmp_path, monkeypatch):
+    """backend "cupy" reaches the fla runtime's device path through the stage: with the CUDA
+    emulator standing in for the GPU (tests/helpers/cuda_emu.py), the stage's outputs and
+    committed state are those of the model's device forward called chunk by chunk, bit for bit
+    (the device path's own accuracy: tests/ops/fla/test_fla_device.py)."""
+    from helpers.cuda_emu import EmuLauncher, compiler_missing
+    from linstream.ops.model import device
+    from linstream.ops.model.fla import runtime
+
+    if compiler_missing() is not None:
+        pytest.skip(str(compiler_missing()))
+    emu = device._CupyDevice(EmuLauncher())
+    monkeypatch.setattr(runtime, "resolve_backend", lambda name, **kw: "cupy")
+    monkeypatch.setattr(device, "_cupy_device", lambda: emu)
+    model = load_model(folders["gla"])
+    _ids, chunks = _sequence(np.random.default_rng(SEED + 11), "s", 50)
+    want, states = {}, None
+    for c in chunks:
+        want[c.index], states = model._forward_on(emu, c.data, states, 2)
+        want[c.index] = want[c.index][0]
+    ckpt = str(tmp_path / "ckpt")
+    step = EmbedSequences(folders["gla"], backend="cupy", checkpoint_dir=ckpt, emit="tokens")
+    run = run_stage(chunks, step)
+    assert [r.index for r in run.results] == sorted(want)
+    for r in run.results:
+        assert np.array_equal(r.output, want[r.index])
+    st = CheckpointStore(ckpt).restore("s", fingerprint=model.fingerprint)
+    assert st is not None
+    assert all(np.array_equal(st.tensors[k][i], states[i][k]) for i in range(2) for k in st.tensors)
