@@ -11,7 +11,7 @@ CONSTRAINTS := constraints.txt
 # per group (tests/engines, tests/cloud).
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test check lint typecheck unit slow bench gpu-check clean help engines-fetch
+.PHONY: demo test check lint typecheck unit slow bench gpu-prepare gpu-check clean help engines-fetch
 
 help:
 	@echo "make demo   - create $(VENV), install linstream, run the demo Beam job"
@@ -20,6 +20,9 @@ help:
 	@echo "make bench  - run the benchmarks in tests/bench (slow)"
 	@echo "make slow   - run the slow-marked tests (long sequences)"
 	@echo "make engines-fetch - fetch Flink, Spark, Kafka and Prism for the engine tests (background)"
+	@echo "make gpu-prepare - (with the network) fetch the device's wheels into build/whl, prepare the"
+	@echo "              CPU references into build/gpu-check, print the carry size and device command"
+	@echo "make gpu-check - the whole GPU check in one run (<= 9 min; exits 0 saying so without a GPU)"
 
 $(VENV)/.created:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"linstream needs Python 3.11+, found {sys.version.split()[0]}"'
@@ -86,8 +89,13 @@ slow: $(VENV)/.test
 bench: $(VENV)/.test
 	$(BIN)/python -m pytest tests/bench -m bench -s -p no:randomly
 
+# The GPU check: kernels and fla families, correctness then speed, under one 9-minute budget
+# (tests/gpu/gpu_check_all.py; its docstring says what to carry to a machine with a device).
+gpu-prepare: $(VENV)/.test
+	$(BIN)/python tests/gpu/gpu_check_all.py --prepare
+
 gpu-check: $(VENV)/.test
-	$(BIN)/python tests/gpu/gpu_check.py
+	PYTHONUNBUFFERED=1 $(BIN)/python tests/gpu/gpu_check_all.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

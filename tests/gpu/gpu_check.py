@@ -29,20 +29,23 @@ backend), the kernel and the worst error.
 
 On a machine with internet: `pip install -e '.[gpu,torch]' flash-linear-attention` and run it.
 On the project's device machine (no network; python3 there has torch, triton, cupy-cuda13x,
-numpy, and no Numba): fetch fla's ops and einops as wheels here, prepare the Numba kernels'
-outputs here, carry both, install the wheels there into a scratch path:
+numpy, and no Numba) this script runs as part of tests/gpu/gpu_check_all.py (`make gpu-check`:
+this check and the fla families' under one 9-minute budget), whose `make gpu-prepare` here
+downloads the wheels (build/whl) and prepares the Numba kernels' outputs
+(`--prepare-numba build/gpu-check/numba_rules.npz`, below) and prints the device command.
+Alone, after `make gpu-prepare`:
 
-    # here, once, in the repo root (.whl/ and build/ are not tracked)
-    echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux2014_x86_64 -d .whl fla-core==0.6.0 einops==0.8.1
-    .venv/bin/python tests/gpu/gpu_check.py --prepare-numba build/gpu-check/numba_rules.npz
-    # there: run(command=..., carry=[".whl", "build/gpu-check"], timeout_s=480)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site; PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py
+    # there: run(command=..., carry=["build/whl", "build/gpu-check"], timeout_s=540)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        build/whl/*.whl && export PYTHONPATH=/tmp/site; \
+        PYTHONUNBUFFERED=1 python3 tests/gpu/gpu_check.py
 
 linstream needs no install there: this script exposes the source tree as `linstream.*` (and
 tests/ on sys.path for the test helpers it shares with the suite).
+
+The fla checkpoint families' GPU runtime (the CuPy runtime against the CPU runtime and fla's
+forward, the CPU→GPU handoff, tokens/s at 2,048-token chunks) is tests/gpu/gpu_check_fla.py;
+gpu_check_all.py runs both (setup, correctness and speed below are its pieces).
 """
 
 from __future__ import annotations
@@ -547,33 +550,26 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             print(f"| {r['impl']} | {r['dtype']} | failed: {r['error']} | | | |")
 
 
-def main(argv: list[str]) -> int:
+def setup(report: dict[str, Any]) -> Any:
+    """The device's `cupy` (NumPy in the dry run) with its name and versions in report, or None
+    (report marked skipped) without a usable CUDA device."""
     global H, T
     _import_linstream()
-    import gpu_check_rules as rules
-    import gpu_check_ssd_dplr as ssd_dplr
-
-    if argv[:1] == ["--prepare-numba"] and len(argv) == 2:
-        rules.prepare_numba(argv[1], dry_run=DRY_RUN)
-        ssd_dplr.prepare(str(Path(argv[1]).with_name("ssd_dplr_refs.npz")), dry_run=DRY_RUN)
-        return 0
     if DRY_RUN:
         H, T = 4, 2048
     from linstream.ops.backend import cupy_unavailable_reason
 
-    report: dict[str, Any] = {"shape": {"H": H, "d": D, "T": T, "chunk_size": CHUNK}}
+    report["shape"] = {"H": H, "d": D, "T": T, "chunk_size": CHUNK}
     reason = cupy_unavailable_reason()
     if reason is not None and not DRY_RUN:
         print(f"gpu_check: no usable CUDA device ({reason}); nothing to check on this machine.")
         report.update(status="skipped", reason=reason)
-        _write_json(report)
-        return 0
-
+        return None
     cp = _cupy()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     report["device"] = name
-    report["versions"] = {"cupy": cp.__version__, "numpy": np.__version__}
+    report.setdefault("versions", {}).update(cupy=cp.__version__, numpy=np.__version__)
     try:
         import torch
 
@@ -585,13 +581,24 @@ def main(argv: list[str]) -> int:
         report["dry_run"] = True
         print("gpu_check: DRY RUN on the CPU (NumPy stands in for CuPy, the rule kernels run on "
               "the CPU emulator): timings mean nothing")  # fmt: skip
-    seed = int(os.environ.get("GPU_CHECK_SEED", "0")) or int(
-        np.random.SeedSequence().entropy % 2**32
-    )
+    return cp
+
+
+def correctness(report: dict[str, Any], seed: int) -> bool:
+    """Sections 1, 1b, 1c into report; False when a case failed (each failure printed with its
+    rule or backend, kernel and worst error)."""
+    import gpu_check_rules as rules
+    import gpu_check_ssd_dplr as ssd_dplr
+
     print(f"\n[1] correctness vs float64 oracle, random chunk splits (GPU_CHECK_SEED={seed})")
     rows = check_random_splits(4 if DRY_RUN else 12, seed)
     report["correctness"] = {"seed": seed, "cases": rows}
     ok = all(r["ok"] for r in rows)
+    for r in rows:
+        if not r["ok"]:
+            worst = max(r["err_max"], r["state_err"])
+            print(f"gpu_check: FAILED additive (cupy_causal, {r['dtype']}, case seed "
+                  f"{r['seed']}): worst error {worst:.3g} (tolerance {r['tol']})")  # fmt: skip
     print("\n[1b] update rules' kernels: float64 references, bfloat16, the Numba kernels")
     rule_rows = rules.correctness(seed, 1 if DRY_RUN else 3, DRY_RUN, NUMBA_REFS)
     report["rules_correctness"] = {"seed": seed, "cases": rule_rows}
@@ -600,6 +607,27 @@ def main(argv: list[str]) -> int:
     sd_rows = ssd_dplr.correctness(seed, 1 if DRY_RUN else 2, DRY_RUN, SSD_DPLR_REFS)
     report["ssd_dplr_correctness"] = {"seed": seed, "cases": sd_rows}
     ok = ok and all(r["ok"] for r in sd_rows)
+    for r in sd_rows:
+        if not r["ok"]:
+            print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r.get('what', r.get('check'))}):"
+                  f" worst error {r.get('err')} (tolerance {r.get('tol')})")  # fmt: skip
+    for r in rule_rows:
+        if not r["ok"]:
+            print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r['check']}): worst error "
+                  f"{r['err']}")  # fmt: skip
+    return ok
+
+
+def speed(report: dict[str, Any], cp: Any, optional_s: float, rules_s: float) -> bool:
+    """Sections 2-4 (throughput) into report: the additive part's optional sections stop past
+    `optional_s`, the SSD/DPLR and rules' rows past `rules_s` (seconds since T0).  False when a
+    linstream row's error exceeds its bound."""
+    global BUDGET_S
+    import gpu_check_rules as rules
+    import gpu_check_ssd_dplr as ssd_dplr
+
+    BUDGET_S = optional_s
+    ok = True
     try:
         throughput(report)
     except Exception as ex:
@@ -611,10 +639,11 @@ def main(argv: list[str]) -> int:
     for r in rows_t:
         if r.get("impl", "").startswith("linstream") and "err_max" in r and r["err_max"] > 2e-5:
             ok = False
-            print(f"gpu_check: {r['impl']} ({r['dtype']}) error {r['err_max']:.2e} > 2e-5")
+            print(f"gpu_check: FAILED {r['impl']} (cupy_causal, {r['dtype']}): worst error "
+                  f"{r['err_max']:.2e} > 2e-5")  # fmt: skip
     try:
         sd_t = ssd_dplr.throughput(
-            DRY_RUN, T0 + RULES_DEADLINE_S, timed, lambda: cp.cuda.Device().synchronize()
+            DRY_RUN, T0 + rules_s, timed, lambda: cp.cuda.Device().synchronize()
         )
         sd_t["ratios"] = ssd_dplr.ratios(sd_t)
         report["ssd_dplr_throughput"] = sd_t
@@ -625,7 +654,7 @@ def main(argv: list[str]) -> int:
         report["ssd_dplr_throughput_error"] = f"{type(ex).__name__}: {ex}"
     try:
         report["rules_throughput"] = rules.throughput(
-            DRY_RUN, T0 + RULES_DEADLINE_S, timed, lambda: cp.cuda.Device().synchronize()
+            DRY_RUN, T0 + rules_s, timed, lambda: cp.cuda.Device().synchronize()
         )
     except Exception as ex:
         import traceback
@@ -637,14 +666,32 @@ def main(argv: list[str]) -> int:
     rules.print_table(report.get("ssd_dplr_throughput", {}))
     if report.get("ssd_dplr_throughput", {}).get("ratios"):
         print(f"linstream / fla tokens/s (bfloat16): {report['ssd_dplr_throughput']['ratios']}")
-    for r in sd_rows:
-        if not r["ok"]:
-            print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r.get('what', r.get('check'))}):"
-                  f" worst error {r.get('err')} (tolerance {r.get('tol')})")  # fmt: skip
-    failed = [r for r in rule_rows if not r["ok"]]
-    for r in failed:
-        print(f"gpu_check: FAILED {r['rule']} ({r['kernel']}, {r['check']}): worst error "
-              f"{r['err']}")  # fmt: skip
+    return ok
+
+
+def seed_from_env() -> int:
+    """GPU_CHECK_SEED, or a fresh seed (printed by the sections that use it)."""
+    return int(os.environ.get("GPU_CHECK_SEED", "0")) or int(
+        np.random.SeedSequence().entropy % 2**32
+    )
+
+
+def main(argv: list[str]) -> int:
+    _import_linstream()
+    import gpu_check_rules as rules
+    import gpu_check_ssd_dplr as ssd_dplr
+
+    if argv[:1] == ["--prepare-numba"] and len(argv) == 2:
+        rules.prepare_numba(argv[1], dry_run=DRY_RUN)
+        ssd_dplr.prepare(str(Path(argv[1]).with_name("ssd_dplr_refs.npz")), dry_run=DRY_RUN)
+        return 0
+    report: dict[str, Any] = {}
+    cp = setup(report)
+    if cp is None:
+        _write_json(report)
+        return 0
+    ok = correctness(report, seed_from_env())
+    ok = speed(report, cp, BUDGET_S, RULES_DEADLINE_S) and ok
     report["status"] = "ok" if ok else "failed"
     report["wall_s"] = _elapsed()
     _write_json(report)
