@@ -4,14 +4,17 @@ on the CPU's bfloat16 instructions where it has them.
     engine = choose_engine()                 # by the CPU's flags (LINSTREAM_BF16_PRODUCTS wins)
     engine.name, engine.note                 # "mkl" / "widen", and the line a load logs
     b = engine.operand(w)                    # per product, on the calling thread
-    engine.rows(x[r], b, out[r])             # out[r] = x[r] @ wᵀ for a range of rows r
+    xs = engine.prepare(x)                   # per input, on the calling thread
+    engine.rows(xs[r], b, out[r])            # out[r] = x[r] @ wᵀ for a range of rows r
 
 Two engines, one contract (x [T, k] and out [T, n] float32, w `ml_dtypes.bfloat16` [n, k]
-C-contiguous; a product's row ranges share one operand):
+C-contiguous; a product's row ranges share one operand, and the products of one input share
+its `prepare`d form):
 
 - "mkl": MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 accumulation and output),
   the one PyTorch's CPU library carries (`torch/lib/libtorch_cpu.so`, loaded with ctypes, torch
-  itself is not imported).  x is rounded to bfloat16 (to nearest even) per product.  MKL runs its
+  itself is not imported).  x is rounded to bfloat16 (to nearest even) once per input
+  (`prepare`, `bf16_round.to_bf16`: one Numba pass), before the row ranges.  MKL runs its
   AVX512_BF16 and AMX-BF16 kernels where the CPU has them; on a CPU without them it widens the
   inputs itself (the same results, measured here at 0.4-0.8 of NumPy's float32 product).
 - "widen": the weight is widened to float32 per product (exact: a bfloat16 is a float32 with the
@@ -78,8 +81,18 @@ class Engine:
         """What a product's row ranges multiply by: w itself (mkl), or w widened (widen)."""
         return w if self.name == "mkl" else widened(w)
 
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        """What a product multiplies: x rounded to bfloat16 (mkl; an x already in bfloat16 as
+        it is), or x itself (widen)."""
+        if self.name != "mkl" or x.dtype == BF16:
+            return x
+        from .bf16_round import to_bf16  # Numba, on the host only
+
+        return to_bf16(x)
+
     def rows(self, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        """out = x @ wᵀ for x [t, k] float32 and out [t, n] float32 (C-contiguous rows)."""
+        """out = x @ wᵀ for x [t, k] (`prepare`d; float32 is rounded here) and out [t, n]
+        float32 (C-contiguous rows)."""
         if self.name == "mkl":
             _mkl_rows(x, b, out)
         else:
@@ -139,7 +152,7 @@ def _mkl() -> Any:
 
 def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     gemm, local = _mkl()
-    xb = np.array(x, dtype=BF16, order="C")  # rounded to nearest even
+    xb = np.asarray(x, dtype=BF16, order="C")  # prepared (or rounded to nearest even here)
     m, k = xb.shape
     n = w.shape[0]
     prev = local(1)

@@ -171,6 +171,7 @@ class Dense:
             # the float32 mode's very calls, on the widened weight (the same bits)
             return _project(x, w, _blas_rows) if self.split else x @ w.T
         w = engine.operand(self.weight)
+        x = engine.prepare(x)
         if self.split:
             return _project(x, w, engine.rows)
         y = np.empty((x.shape[0], w.shape[0]), np.float32)
@@ -191,6 +192,9 @@ class FusedProjection:
         return [a for d in self.parts.values() for a in d.arrays()]
 
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        engines = {id(d.engine): d.engine for d in self.parts.values()}
+        if len(engines) == 1 and (engine := next(iter(engines.values()))) is not None:
+            x = engine.prepare(x)  # the bfloat16 mode rounds the shared input once
         return {name: d(x) for name, d in self.parts.items()}
 
 
