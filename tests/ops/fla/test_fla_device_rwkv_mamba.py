@@ -203,9 +203,7 @@ def _host_only(name: str) -> Any:
 
 @pytest.mark.parametrize("family", FOLDERS)
 @pytest.mark.parametrize("k", range(2))
-def test_device_forward_equals_the_host_runtime_over_random_splits(
-    family, k, folders, monkeypatch
-):
+def test_device_forward_equals_the_host_runtime_over_random_splits(family, k, folders, monkeypatch):
     runs = _Runs(folders[family], SEED + 10 * k + FOLDERS.index(family))
     schedule = int(runs.rng.integers(0, 4))  # forward, reverse, shuffled blocks and threads
     _check("float32", runs.device(runs.m32, schedule), runs.host32, runs.bound32)
