@@ -104,6 +104,8 @@ def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
     BLAS's own two threads ran 64-2048-token chunks 2-8x slower than one thread when the second
     core was busy (a statically partitioned pool waits for its slowest thread); on a quiet
     machine one thread alone reached only 1.94x the twin's two threads at 256 tokens."""
+    from .heap import keep_heap
     from .threads import row_split
 
+    keep_heap()  # once a process: the chunk's large temporaries reuse the heap (heap.py)
     return _single_threaded_blas(), row_split(_single_threaded_blas.threads())
