@@ -1,5 +1,5 @@
 """float32 → bfloat16 rounding (to nearest, ties to even) in one Numba pass: the bfloat16
-mode's products round their input x once per product (`bf16.Engine.round`).
+mode's products round their input x once per input (`bf16.Engine.prepare`).
 
     b = to_bf16(x)        # x [T, D] float32 -> [T, D] ml_dtypes.bfloat16, the same values as
                           # np.array(x, dtype=bfloat16)
@@ -11,7 +11,7 @@ NaN keeps its sign and top mantissa bits with the quiet bit set (the sum could c
 mantissa into the sign).  NumPy's conversion through ml_dtypes went at ~0.5 ns a value here,
 which was 7-18% of the ~110M models' bfloat16 products (the input of each of a layer's five
 projections rounded again); this pass runs at about the rate of the memory it moves, on
-Numba's threads from 2^18 values on (`worth_threads`, as the runtime's other passes).
+Numba's threads from 2^16 values on (`worth_threads`, as the runtime's other passes).
 """
 
 from __future__ import annotations
