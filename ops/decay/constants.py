@@ -3,7 +3,19 @@ that the CUDA wrappers load where Numba is not installed)."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_RULE_CHUNK", "DEFAULT_VECTOR_CHUNK", "ERASING_GATE", "LOG_GATE_FLOOR"]
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_RULE_CHUNK",
+    "DEFAULT_VECTOR_CHUNK",
+    "ERASING_GATE",
+    "FLUSH_LOG_F32",
+    "FLUSH_LOG_F64",
+    "LOG_GATE_FLOOR",
+    "flush_log",
+]
 
 # Log gates below this are raised to it: e^-1000 is 0 in float64 (as is every e^x below -745.2),
 # so no gate's float64 value changes, and sums of a few stay far from -inf.
@@ -17,3 +29,21 @@ ERASING_GATE = -37.0
 DEFAULT_VECTOR_CHUNK = 32
 # Chunk length of the rule kernels (tests/bench/test_bench_rules.py measures 32 and 64).
 DEFAULT_RULE_CHUNK = 64
+# A decay factor e^x with x below this is taken as 0 by the Numba kernels (the vector-gated,
+# the delta and Mamba-2's SSD rule), not computed: such a term is e^-60 ≈ 2^-86 of its undecayed
+# size (float64: e^-700 ≈ 2^-1010), so leaving it out moves an output or a state by less than
+# 2^-60 of its other terms, far below one rounding (2^-24; float64 2^-53); -60 rather than
+# float32's own underflow (-87) keeps a factor's products with keys, steps and C·B (down to
+# ~1e-11) normal too.  Computed, those
+# factors and their products are subnormal numbers, which Intel's cores handle by a microcode
+# assist per instruction: on a 2-vCPU Xeon with AMX, strong decays made the vector-gated and the
+# delta kernels 17-24x slower, and Mamba-2 ~130M's SSD took 3.7 s of a 2,048-token float32 chunk
+# (0.36 s without them); AMD's cores showed no such cost.
+FLUSH_LOG_F32 = -60.0
+FLUSH_LOG_F64 = -700.0
+
+
+def flush_log(*dtypes: Any) -> float:
+    """The flush of the narrowest of `dtypes` (the compute and the state dtype)."""
+    narrow = any(np.dtype(d).itemsize < 8 for d in dtypes)
+    return FLUSH_LOG_F32 if narrow else FLUSH_LOG_F64

@@ -31,7 +31,9 @@ makes for the scalar rules, added about half the kernel's time at H=4, T=2,048, 
 thread, float32).  Without
 this, an Inf or NaN value made the outputs of earlier tokens of its chunk NaN (a masked zero of
 A times Inf), and a gate of -finfo.max (or -inf) at two tokens of a chunk summed to -inf, and
--inf - (-inf) made the state NaN for good.
+-inf - (-inf) made the state NaN for good.  Decay factors below e^-60 (float32; e^-700 float64)
+are zeros, not subnormal numbers (`constants.flush_log`: strong gates made this kernel ~24x
+slower on an Intel core).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import math
 
 import numba
 import numpy as np
-from linstream.ops.decay.constants import DEFAULT_VECTOR_CHUNK, LOG_GATE_FLOOR
+from linstream.ops.decay.constants import DEFAULT_VECTOR_CHUNK, LOG_GATE_FLOOR, flush_log
 from linstream.ops.decay.numba import chunk_end
 from linstream.ops.numba_tools import FASTMATH, exp
 from numba import prange
@@ -60,10 +62,11 @@ def _floored(log_gate):  # pragma: no cover - jitted
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c):  # pragma: no cover - jitted
+def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c, flush):  # pragma: no cover - jitted
     """qh, kh, gh [H, T, d_k]; vh [H, T, d_v] in the compute dtype; min_g [H, T] float64, filled
     with each token's smallest gate; s [H, d_k, d_v] the state, updated in place; out [H, T, d_v]
-    in the compute dtype."""
+    in the compute dtype; flush: the log decay below which a decay factor is 0 (`flush_log`;
+    each such factor is its exponential times 1 or 0, no branch in the vectorized loops)."""
     nh, t, dk = qh.shape
     dv = vh.shape[2]
     cdt = qh.dtype.type
@@ -93,8 +96,9 @@ def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c):  # pragma: no cover - jitt
                     g[i, p] = g[i - 1, p] + _floored(gh[h, c0 + i, p])
             for i in range(n):
                 for p in range(dk):
-                    qg[i, p] = qh[h, c0 + i, p] * exp(cdt(la0[p] + g[i, p]))
-                    kd[i, p] = kh[h, c0 + i, p] * exp(cdt(g[n - 1, p] - g[i, p]))
+                    x0, x1 = la0[p] + g[i, p], g[n - 1, p] - g[i, p]
+                    qg[i, p] = qh[h, c0 + i, p] * (exp(cdt(x0)) * cdt(x0 > flush))
+                    kd[i, p] = kh[h, c0 + i, p] * (exp(cdt(x1)) * cdt(x1 > flush))
             a = abuf[: n * n].reshape((n, n))  # contiguous for np.dot
             for i in range(n):
                 r0 = (i // SUB) * SUB  # pairs within i's sub-block: one by one
@@ -103,7 +107,8 @@ def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c):  # pragma: no cover - jitt
                         d[p] = cdt(g[i, p] - g[j, p])
                     acc = cdt(0)
                     for p in range(dk):
-                        acc += qh[h, c0 + i, p] * kh[h, c0 + j, p] * exp(d[p])
+                        e = exp(d[p]) * cdt(d[p] > flush)
+                        acc += qh[h, c0 + i, p] * kh[h, c0 + j, p] * e
                     a[i, j] = acc
                 for j in range(i + 1, n):
                     a[i, j] = 0
@@ -114,10 +119,12 @@ def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c):  # pragma: no cover - jitt
                 blk = blkbuf[: nb * r0].reshape((nb, r0))
                 for i in range(nb):
                     for p in range(dk):
-                        qs[i, p] = qh[h, c0 + r0 + i, p] * exp(cdt(g[r0 + i, p] - g[r0, p]))
+                        x0 = g[r0 + i, p] - g[r0, p]
+                        qs[i, p] = qh[h, c0 + r0 + i, p] * (exp(cdt(x0)) * cdt(x0 > flush))
                 for j in range(r0):
                     for p in range(dk):
-                        ks[j, p] = kh[h, c0 + j, p] * exp(cdt(g[r0, p] - g[j, p]))
+                        x1 = g[r0, p] - g[j, p]
+                        ks[j, p] = kh[h, c0 + j, p] * (exp(cdt(x1)) * cdt(x1 > flush))
                 np.dot(qs, ks.T, blk)
                 for i in range(nb):
                     for j in range(r0):
@@ -130,7 +137,8 @@ def _vector_chunks(qh, kh, vh, gh, min_g, s, out, c):  # pragma: no cover - jitt
                     out[h, c0 + i, r] = y[i, r]
             upd = np.dot(kd[:n].T, vc)
             for p in range(dk):
-                e = math.exp(la0[p] + g[n - 1, p])
+                x0 = la0[p] + g[n - 1, p]
+                e = math.exp(x0) if x0 > flush else 0.0
                 for r in range(dv):
                     s[h, p, r] = s[h, p, r] * e + upd[p, r]
             c0 += n
@@ -154,5 +162,5 @@ def vector_gated_chunks(
         return out
     c = max(1, min(int(chunk_size), t))
     min_g = np.empty(qh.shape[:2], np.float64)
-    _vector_chunks(qh, kh, vh, gh, min_g, s, out, c)
+    _vector_chunks(qh, kh, vh, gh, min_g, s, out, c, flush_log(qh.dtype, s.dtype))
     return out

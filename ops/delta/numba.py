@@ -18,6 +18,8 @@ All exponents are ≤ 0.  Chunk math runs in the compute dtype; the contribution
 state in the state's dtype.  z is not used by these rules.  The chunks end where the decaying
 rules' kernel ends them (`chunk_end`: before a non-finite key or value, or a gate that erases the
 state), and the first token's gate is kept out of the prefix sums in the same way (see there).
+Decay factors below e^-60 (float32; e^-700 float64) are zeros, not subnormal numbers
+(`constants.flush_log`: strong gates made this kernel ~17x slower on an Intel core).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 
 import numba
 import numpy as np
+from linstream.ops.decay.constants import flush_log
 from linstream.ops.decay.numba import chunk_end, floored_log_gates
 from linstream.ops.numba_tools import exp
 from numba import prange
@@ -34,9 +37,11 @@ __all__ = ["delta_chunks"]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jitted
+def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cover - jitted
     """qh [H, T, F], kh [H, T, F] (unit keys), vh [H, T, d_v] in the compute dtype; log_a, beta
-    [H, T] float64; s [H, F, d_v] the state, updated in place; out [H, T, d_v]."""
+    [H, T] float64; s [H, F, d_v] the state, updated in place; out [H, T, d_v]; flush: the log
+    decay below which a decay factor is 0 (`flush_log`; in the vectorized loops its exponential
+    times 1 or 0, not a branch)."""
     nh, t, f = qh.shape
     dv = vh.shape[2]
     for h in prange(nh):
@@ -61,9 +66,11 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
             sc = s[h].astype(qh.dtype)
             for i in range(n):
                 b = beta[h, c0 + i]
-                eg = qh.dtype.type(math.exp(la0 + g[i]))
-                ebg = qh.dtype.type(b * math.exp(la0 + g[i]))
-                ek = qh.dtype.type(math.exp(gn - g[i]))
+                x0, x1 = la0 + g[i], gn - g[i]
+                e0 = math.exp(x0) if x0 > flush else 0.0
+                eg = qh.dtype.type(e0)
+                ebg = qh.dtype.type(b * e0)
+                ek = qh.dtype.type(math.exp(x1) if x1 > flush else 0.0)
                 for p in range(f):
                     qg[i, p] = qc[i, p] * eg
                     kb[i, p] = kc[i, p] * ebg
@@ -78,7 +85,8 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
                 tt[i, i] = 1
                 bi = qh.dtype.type(beta[h, c0 + i])
                 for j in range(i):  # L_ij = β_i e^{G_i - G_j} k_i·k_j, in place of k_i·k_j
-                    kk[i, j] *= bi * exp(qh.dtype.type(g[i] - g[j]))
+                    x = g[i] - g[j]
+                    kk[i, j] *= bi * (exp(qh.dtype.type(x)) * qh.dtype.type(x > flush))
                 for j in range(i):
                     lij = kk[i, j]
                     for r in range(j + 1):
@@ -87,7 +95,8 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
             a = np.dot(qc, kc.T)
             for i in range(n):
                 for j in range(i + 1):
-                    a[i, j] *= exp(qh.dtype.type(g[i] - g[j]))
+                    x = g[i] - g[j]
+                    a[i, j] *= exp(qh.dtype.type(x)) * qh.dtype.type(x > flush)
                 for j in range(i + 1, n):
                     a[i, j] = 0
             y = np.dot(qg[:n], sc) + np.dot(a, u)
@@ -95,7 +104,7 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c):  # pragma: no cover - jit
                 for p in range(dv):
                     out[h, c0 + i, p] = y[i, p]
             upd = np.dot(kd[:n].T, u)
-            eg = math.exp(la0 + gn)
+            eg = math.exp(la0 + gn) if la0 + gn > flush else 0.0
             for p in range(f):
                 for r in range(dv):
                     s[h, p, r] = s[h, p, r] * eg + upd[p, r]
@@ -120,5 +129,5 @@ def delta_chunks(
     c = max(1, min(int(chunk_size), t))
     lg = floored_log_gates(log_gate)
     bt = np.ascontiguousarray(beta, dtype=np.float64)
-    _delta_chunks(qh, kh, vh, lg, bt, s, out, c)
+    _delta_chunks(qh, kh, vh, lg, bt, s, out, c, flush_log(qh.dtype, s.dtype))
     return out

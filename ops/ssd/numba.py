@@ -31,14 +31,10 @@ suffix sum from the chunk's end).  A segment sum's rounding is then relative to 
 whatever decays came earlier in the chunk; a difference of prefix sums was off by C·u64·|G_i|,
 which grows with the decay before j.
 
-A decay factor e^x with x below FLUSH_LOG (−80 where the chunk math or the state is float32,
-−700 in float64) is taken as 0, not computed: such a term is e^{-80} ≈ 2^{-115} of its undecayed
-size (float64: 2^{-1010}), so leaving it out moves an output or a state by less than 2^{-90}
-of its other terms' size, far below one rounding (2^{-24}; float64 2^{-53}).  Computed, those
-factors (and their products with C·B and the steps) are subnormal numbers, which Intel's cores
-handle by a microcode assist per instruction: on a 2-vCPU Xeon with AMX, Mamba-2 ~130M's SSD took
-3.7 s of a 2,048-token float32 chunk with them and 0.36 s without (AMD's cores showed no such
-cost).
+A decay factor e^x with x below the flush (`constants.flush_log`: −60 where the chunk math or
+the state is float32, −700 in float64) is taken as 0, not computed: subnormal numbers cost an
+Intel core a microcode assist per instruction (Mamba-2 ~130M's SSD took 3.7 s of a 2,048-token
+float32 chunk with them, 0.36 s without), and the terms left out are below one rounding.
 """
 
 from __future__ import annotations
@@ -48,6 +44,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from linstream.ops.decay.constants import flush_log
 from linstream.ops.decay.numba import LOG_GATE_FLOOR
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
 from numba import prange
@@ -62,8 +59,6 @@ __all__ = ["BLOCK_COLUMNS", "DEFAULT_SSD_CHUNK", "ssd_chunks"]
 # and [columns, n] @ [n, N]), ~15% faster per FLOP than one per head at P = 64 (OpenBLAS, one
 # thread), and 24 heads of 64 make 6 blocks, even on 2 threads.
 BLOCK_COLUMNS = 256
-#: the log decay below which a decay factor is 0 (module docstring), by the narrower dtype
-FLUSH_LOG = {np.dtype(np.float32): -80.0, np.dtype(np.float64): -700.0}
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
@@ -110,7 +105,7 @@ def _ssd_kernel(parallel: bool) -> Any:
         [H, T] and a [H] float64; s [H, P, N] the state, updated in place; out [T, H, P];
         starts the chunks' bounds; blocks [B, 2] the head blocks (first head, end), each
         within one group; cb [chunks, G, C·C] work (each chunk's CBᵀ per group); flush: the
-        log decay below which a decay factor is 0 (FLUSH_LOG)."""
+        log decay below which a decay factor is 0 (`flush_log`)."""
         _, nh, dp = x.shape
         ng, dn = b.shape[1], b.shape[2]
         m = starts.shape[0] - 1
@@ -282,6 +277,6 @@ def ssd_chunks(
     cb = np.empty((starts.shape[0] - 1, g, chunk * chunk), dtype=ct)
     work = t * h * p * (2 * n + chunk)
     blocks = _head_blocks(g, h, p)
-    flush = max(FLUSH_LOG[np.dtype(ct)], FLUSH_LOG[np.dtype(state.dtype)])
+    flush = flush_log(ct, state.dtype)
     _SSD[worth_threads(work)](x, b, c, step, av, dd, state, out, starts, blocks, cb, flush)
     return out

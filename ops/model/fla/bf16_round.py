@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from linstream.ops.numba_tools import njit_variant, worth_threads
 from numba import prange
 
-from .bf16 import BF16
-
 __all__ = ["to_bf16"]
 
+BF16 = np.dtype(ml_dtypes.bfloat16)  # as `bf16.BF16` (which imports this module lazily)
 _WORK_PER_VALUE = 4  # a parallel region from 2^16 values (the rounding is a few integer ops)
 
 

@@ -14,6 +14,7 @@ itself by max(|S|, |k|·|v|)).  The state's dtype adds the same bound with its o
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -119,3 +120,35 @@ def test_a_gate_of_one_is_the_additive_sum():
     tol = 4 * (3 * 17 + 4) * 2.0**-53 * 50 * 27
     assert float(np.max(np.abs(s[0] - want_s))) <= tol
     assert float(np.max(np.abs(out[0] - want_y))) <= tol
+
+
+@pytest.mark.parametrize("sdt", [np.float32, np.float64])
+def test_decay_factors_past_the_flush_are_zeros(sdt):
+    """One value at token 0 (every key dimension gated by −3 a token): past the flush (e^-60 in
+    float32, `flush_log`) its decay factors are zeros, so the state after a 48-token chunk
+    (weight e^-141) is exactly zero, not the subnormal numbers the decayed products made
+    (Intel's cores run each instruction on one through a microcode assist: ~24x slower); the
+    outputs before match the float64 recurrence within float32's rounding: (d_k + 4 + |G_i|)
+    roundings, times 2.  (An output's pairs across sub-blocks are one product of two factors,
+    each flushed on its own: their product can still be subnormal, so outputs are not
+    asserted to be zeros.)"""
+    from linstream.ops.decay.constants import FLUSH_LOG_F32
+
+    h, t, dk, dv = 2, 48, 8, 4
+    rng = np.random.default_rng(12)
+    q = rng.uniform(0.5, 1.0, (h, t, dk)).astype(np.float32)
+    k = rng.uniform(0.5, 1.0, (h, t, dk)).astype(np.float32)
+    v = np.zeros((h, t, dv), np.float32)
+    v[:, 0] = rng.uniform(0.5, 1.0, (h, dv))
+    g = np.full((h, t, dk), -3.0, np.float32)
+    state = np.zeros((h, dk, dv), sdt)
+    y = vector_gated_chunks(q, k, v, g, state, chunk_size=t)
+    first = math.ceil(-FLUSH_LOG_F32 / 3.0)  # the first token whose weight is past the flush
+    assert np.all(state == 0)
+    # the float64 recurrence: y_i = Σ_p q_ip k_0p e^{-3 i} v_0
+    q64, k0, v0 = q.astype(np.float64), k[:, 0].astype(np.float64), v[:, 0].astype(np.float64)
+    want = np.einsum("hip,hp,hr->hir", q64, k0, v0) * np.exp(-3.0 * np.arange(t))[None, :, None]
+    assert np.all(want[:, first - 1] != 0)
+    bound = 2 * (dk + 4 + 3.0 * np.arange(first - 1)) * np.finfo(np.float32).eps / 2
+    rel = np.abs(y[:, : first - 1] / want[:, : first - 1] - 1).max(axis=(0, 2))
+    assert (rel <= bound).all(), (rel / bound).max()

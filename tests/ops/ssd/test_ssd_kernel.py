@@ -37,6 +37,7 @@ from helpers.ssd_cases import (  # noqa: E402
     unit,
     worst,
 )
+from linstream.ops.decay.constants import FLUSH_LOG_F32  # noqa: E402
 from linstream.ops.ssd.naive import ssd_recurrent  # noqa: E402
 from linstream.ops.ssd.numba import ssd_chunks  # noqa: E402
 
@@ -193,11 +194,12 @@ def test_strong_then_weak_decays_keep_float64_precision(chunk):
 @pytest.mark.parametrize(("cdt", "sdt"), [(np.float32, np.float32), (np.float32, np.float64)])
 def test_terms_decayed_past_the_flush_are_zeros_not_subnormals(cdt, sdt):
     """One input at token 0, then log decays of −softplus(2) a step: once its weight
-    e^{G_i − G_0} is below e^{-80} (`FLUSH_LOG`) the outputs and the state are exact zeros, not
-    the subnormal numbers the decayed products made (Intel's cores run each instruction on one
-    through a microcode assist: Mamba-2's scan ran 10x slower); the outputs before stay within
-    float32's rounding of the float64 scan: (N + 4 + |G_i|) roundings (the C·B sum over N, the
-    exponential's ~2 ulp, the step and x, and the exponent G_i rounded to float32), times 2."""
+    e^{G_i − G_0} is below the flush (e^-60 in float32, `flush_log`) the outputs and the state
+    are exact zeros, not the subnormal numbers the decayed products made (Intel's cores run
+    each instruction on one through a microcode assist: Mamba-2's scan ran 10x slower); the
+    outputs before stay within float32's rounding of the float64 scan: (N + 4 + |G_i|)
+    roundings (the C·B sum over N, the exponential's ~2 ulp, the step and x, and the exponent
+    G_i rounded to float32), times 2."""
     t, h, p, n = 64, 2, 4, 8
     rng = np.random.default_rng(11)
     x = np.zeros((t, h, p), cdt)
@@ -208,7 +210,7 @@ def test_terms_decayed_past_the_flush_are_zeros_not_subnormals(cdt, sdt):
     a = np.full(h, -1.0)
     state = np.zeros((h, p, n), sdt)
     y = ssd_chunks(x, dt, a, b, c, None, state, chunk_size=t)
-    first = math.ceil(80 / math.log1p(math.exp(2.0)))  # the first token past the flush
+    first = math.ceil(-FLUSH_LOG_F32 / math.log1p(math.exp(2.0)))  # the first token past it
     tiny = np.finfo(np.float32).tiny
     assert not ((y != 0) & (np.abs(y) < tiny)).any()
     assert np.all(y[first + 1 :] == 0) and np.all(state == 0)
