@@ -183,18 +183,20 @@ class FusedProjection:
     """Several projections of one input: one Dense per named weight [out_i, in], called in
     turn; the results by name."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("engine", "parts")
 
     def __init__(self, parts: dict[str, Dense]) -> None:
         self.parts = parts
+        engines = {id(d.engine): d.engine for d in parts.values()}
+        #: the parts' one bfloat16 engine, which prepares their shared input once (else None)
+        self.engine = next(iter(engines.values())) if len(engines) == 1 else None
 
     def arrays(self) -> list[np.ndarray]:
         return [a for d in self.parts.values() for a in d.arrays()]
 
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        engines = {id(d.engine): d.engine for d in self.parts.values()}
-        if len(engines) == 1 and (engine := next(iter(engines.values()))) is not None:
-            x = engine.prepare(x)  # the bfloat16 mode rounds the shared input once
+        if self.engine is not None:
+            x = self.engine.prepare(x)  # the bfloat16 mode rounds the shared input once
         return {name: d(x) for name, d in self.parts.items()}
 
 
