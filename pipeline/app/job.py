@@ -292,7 +292,7 @@ def run_embed(
         say(f"removed {len(stale)} stale temporary folder(s) left under {output} by a stopped job")
     launch.output.apply()  # overwrite deletes here; the folder's record is written
     products = getattr(getattr(transform.model, "load_report", None), "products", "")
-    if products:  # the bfloat16 mode: how its products run on this CPU
+    if products:  # a checkpoint folder's model: how its products run on this CPU
         say(f"compute dtype {config.compute_dtype}: {products}")
     runner = str(opts.get_all_options().get("runner") or "")
     announce: contextlib.AbstractContextManager[None] = contextlib.nullcontext()

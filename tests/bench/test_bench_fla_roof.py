@@ -18,8 +18,9 @@ Mamba-2 ~130M built with fla's and transformers' own classes, `helpers.rwkv_mamb
   both carrying their own state, after a warm-up of each (Numba's compilation); the small/large
   ratio comes from the same rounds, so a busy machine slows both alike.
 - the roof: every product of one large chunk is recorded (its rows, in, out: the model's own
-  shapes); NumPy's float32 GEMM of each distinct shape (best of 3, BLAS at 2 threads or at 1,
-  whichever is faster) gives the time the products alone would take at the GEMM's rate;
+  shapes); the fastest float32 GEMM of each distinct shape (best of 3 of NumPy's BLAS and of
+  MKL's SGEMM, each at 2 threads and at 1) gives the time the products alone would take at the
+  GEMM's rate;
   roof = their FLOPs / that time; achieved = their FLOPs per chunk at the rounds' tokens/s;
   share = achieved / roof (the bfloat16 mode against the same float32 roof).
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
@@ -52,6 +53,7 @@ bench size) and the command against the loop; the figures go to docs/benchmarks.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -129,23 +131,35 @@ def _tokens(n: int, folder: str | Path | None = None) -> np.ndarray:
 
 # -- children ----------------------------------------------------------------------------------
 def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
-    """(the products' FLOPs, the seconds NumPy's float32 GEMM takes for them: per shape the best
-    of 3 with BLAS at 2 threads and at 1, whichever is faster)."""
+    """(the products' FLOPs, the seconds the fastest float32 GEMM here takes for them: per shape
+    the best of 3 of NumPy's BLAS and of MKL's SGEMM (where PyTorch's library has it), each at 2
+    threads and at 1)."""
+    from linstream.ops.model.fla import mkl
     from threadpoolctl import threadpool_limits
 
+    try:
+        mkl.library()
+        have_mkl = True
+    except mkl.MKLUnavailable:
+        have_mkl = False
     rng = np.random.default_rng(0)
     flops = seconds = 0.0
     for (t, k, n), count in shapes.items():
         x = rng.standard_normal((t, k), dtype=np.float32)
         w = rng.standard_normal((n, k), dtype=np.float32)
+        out = np.empty((t, n), np.float32)
         best = float("inf")
         for threads in (2, 1):
+            gemms = [functools.partial(np.matmul, x, w.T, out=out)]
+            if have_mkl:
+                gemms.append(functools.partial(mkl.sgemm_rows, x, w, out, threads))
             with threadpool_limits(threads, user_api="blas"):
-                x @ w.T
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    x @ w.T
-                    best = min(best, time.perf_counter() - t0)
+                for gemm in gemms:
+                    gemm()
+                    for _ in range(3):
+                        t0 = time.perf_counter()
+                        gemm()
+                        best = min(best, time.perf_counter() - t0)
         flops += 2.0 * t * k * n * count
         seconds += best * count
     return flops, seconds
@@ -198,7 +212,7 @@ def run_mode(folder: str, mode: str) -> dict:
         "profile": prof.shares(wall),
         "held_bytes": report.held_bytes,
         "parameters": report.parameters,
-        "engine": report.products or "NumPy's float32 BLAS",
+        "engine": report.products,
         "peak_rss": _status("VmHWM"),
     }
 

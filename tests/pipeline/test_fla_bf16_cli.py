@@ -143,6 +143,7 @@ def test_embed_and_resumable_give_the_command_lines_bfloat16_numbers(tmp_path, m
     give the rows `linstream embed --compute-dtype bfloat16` writes, bit for bit (the same
     step loads the model in the same mode), and those are not the float32 mode's."""
     from linstream.ops.model.fla.bf16 import choose_engine
+    from linstream.ops.model.fla.dense import choose_f32_products
     from linstream.pipeline import Resumable
     from linstream.pipeline.io.tokenizers import byte_tokenizer
 
@@ -161,10 +162,10 @@ def test_embed_and_resumable_give_the_command_lines_bfloat16_numbers(tmp_path, m
         assert done.returncode == 0, done.stderr
         tables[mode] = pq.read_table(tmp_path / f"out-{mode}" / "results").sort_by(order)
         notes[mode] = [ln for ln in done.stderr.splitlines() if "compute dtype" in ln]
-    # the job says how the products run, in one line as it starts (the bfloat16 mode only)
-    note = choose_engine("mkl").note
+    # the job says how the products run, in one line as it starts
+    note, f32 = choose_engine("mkl").note, choose_f32_products().note
     assert notes == {
-        "float32": [],
+        "float32": [f"linstream embed: compute dtype float32: {f32}"],
         "bfloat16": [f"linstream embed: compute dtype bfloat16: {note}"],
     }
     cli = tables["bfloat16"]

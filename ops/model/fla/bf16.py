@@ -32,16 +32,14 @@ runtime's row ranges, so the bits do not depend on the thread count.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import importlib.util
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from . import mkl
 
 __all__ = ["BF16", "BF16Unavailable", "Engine", "choose_engine", "native_bf16"]
 
@@ -49,7 +47,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 ENV = "LINSTREAM_BF16_PRODUCTS"
 ENGINES = ("auto", "mkl", "widen")
 _NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names, the faster first
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enums
 
 
 class BF16Unavailable(RuntimeError):
@@ -128,39 +125,17 @@ def choose_engine(override: str | None = None) -> Engine:
 
 
 # -- MKL -----------------------------------------------------------------------------------------
-@functools.cache
-def _mkl() -> Any:
-    """MKL's bfloat16 product and thread setter from PyTorch's CPU library (found, not imported)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        msg = "the native bfloat16 products need PyTorch's CPU library (pip install torch)"
-        raise BF16Unavailable(msg)
-    path = os.path.join(os.path.dirname(spec.origin), "lib", "libtorch_cpu.so")
+def _mkl() -> None:
+    """MKL's library loaded (BF16Unavailable, one line, where it cannot be)."""
     try:
-        lib = ctypes.CDLL(path)
-        gemm = lib.cblas_gemm_bf16bf16f32
-        local = lib.MKL_Set_Num_Threads_Local
-    except (OSError, AttributeError) as ex:
-        msg = f"{path} has no MKL bfloat16 product (cblas_gemm_bf16bf16f32): {ex}"
-        raise BF16Unavailable(msg) from ex
-    i, p = ctypes.c_int, ctypes.c_void_p
-    gemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, p, i, p, i, ctypes.c_float, p, i]
-    gemm.restype = None
-    local.argtypes, local.restype = [i], i
-    return gemm, local
+        mkl.library()
+    except mkl.MKLUnavailable as ex:
+        raise BF16Unavailable(str(ex)) from ex
 
 
 def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    gemm, local = _mkl()
     xb = np.asarray(x, dtype=BF16, order="C")  # prepared (or rounded to nearest even here)
-    m, k = xb.shape
-    n = w.shape[0]
-    prev = local(1)
-    try:
-        gemm(_ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, xb.ctypes.data, k, w.ctypes.data, k,
-             0.0, out.ctypes.data, out.strides[0] // 4)  # fmt: skip
-    finally:
-        local(prev)
+    mkl.bf16_rows(xb, w, out)
 
 
 # -- widening ------------------------------------------------------------------------------------

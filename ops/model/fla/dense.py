@@ -46,17 +46,30 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.threads import MIN_ROWS
 
+from . import mkl
 from .bf16 import BF16, Engine, choose_engine, widened
 from .compute import HOST, Compute
 
-__all__ = ["MODES", "Dense", "FusedProjection", "RowSplit", "Weights", "compute_mode", "split_rows"]
+__all__ = [
+    "MODES",
+    "Dense",
+    "Float32Products",
+    "FusedProjection",
+    "RowSplit",
+    "Weights",
+    "choose_f32_products",
+    "compute_mode",
+    "split_rows",
+]
 
 MODES = ("float32", "float64", "bfloat16")
 RowSplit = Callable[[Callable[[slice], None], int], None]
@@ -92,25 +105,75 @@ def split_rows(split: RowSplit | None) -> Iterator[None]:
         _SPLIT.reset(token)
 
 
+Rows = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # rows(x, w, out): out = x @ wᵀ
+
+
 def _blas_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     np.matmul(x, w.T, out=out)
 
 
-def _widened_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    np.matmul(x, widened(w).T, out=out)
+def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    if x.dtype == w.dtype == np.float32 and w.flags.c_contiguous:
+        mkl.sgemm_rows(np.ascontiguousarray(x), w, out)
+    else:  # not a float32 product (the float64 mode's are NumPy's anyway)
+        np.matmul(x, w.T, out=out)
 
 
-def _project(
-    x: np.ndarray, w: np.ndarray, rows: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-) -> np.ndarray:
+@dataclass(frozen=True)
+class Float32Products:
+    """How the float32 products are formed: `rows` (NumPy's BLAS or MKL's SGEMM, one call per
+    range) and the line a load logs."""
+
+    name: str
+    rows: Rows
+    note: str
+
+
+F32_ENV = "LINSTREAM_F32_PRODUCTS"
+F32_ENGINES = ("auto", "mkl", "numpy")
+
+
+def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return False
+
+
+def choose_f32_products(
+    override: str | None = None, cpuinfo: str = "/proc/cpuinfo"
+) -> Float32Products:
+    """MKL's SGEMM on an Intel CPU where PyTorch's CPU library is found (`mkl`: at 64-128 rows
+    it ran 1.25-1.3× NumPy's OpenBLAS there, 1.02-1.04× at 2,048), else NumPy's BLAS; `override`
+    (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, numpy (mkl where the
+    library is missing: mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by
+    default: it was measured on an Intel one only."""
+    want = (override if override is not None else os.environ.get(F32_ENV, "auto")).strip().lower()
+    if want not in F32_ENGINES:
+        msg = f"{F32_ENV}={want!r}: expected one of {', '.join(F32_ENGINES)}"
+        raise mkl.MKLUnavailable(msg)
+    numpy = Float32Products("numpy", _blas_rows, "float32 products by NumPy's BLAS")
+    if want == "numpy" or (want == "auto" and not _intel(cpuinfo)):
+        return numpy
+    try:
+        mkl.library()
+    except mkl.MKLUnavailable:
+        if want == "mkl":
+            raise
+        return numpy
+    return Float32Products("mkl", _mkl_rows, "float32 products by MKL's SGEMM")
+
+
+def _project(x: np.ndarray, w: np.ndarray, rows: Rows, *, whole: bool = False) -> np.ndarray:
     """x [T, in] @ w.T for w [out, in] through the current `split_rows`: a chunk long enough
     for several row ranges runs each range as one call of `rows` on its own rows; a shorter
     one (one row range) runs the ranges of the output's columns instead (`row_ranges` of the
     output width: fixed by the shape alone, so the bits do not depend on the thread count),
     each one call over all rows and its own columns of w: both threads work on a small chunk,
     and neither packs the other's half of the weight (row halves of a short chunk each pack
-    all of it)."""
-    split = _SPLIT.get()
+    all of it).  whole: one call over all rows whatever the split."""
+    split = None if whole else _SPLIT.get()
     if split is None and rows is _blas_rows:
         return x @ w.T
     dt = np.float32 if w.dtype == BF16 else np.result_type(x, w)
@@ -129,10 +192,15 @@ class Dense:
     """A projection: x [T, in] @ Wᵀ for its weight W [out, in] (a linear layer without bias),
     held read-only in the compute dtype, or in bfloat16 with the engine that multiplies by it."""
 
-    __slots__ = ("engine", "split", "weight")
+    __slots__ = ("engine", "rows", "split", "weight")
 
     def __init__(
-        self, weight: np.ndarray, *, split: bool = True, engine: Engine | None = None
+        self,
+        weight: np.ndarray,
+        *,
+        split: bool = True,
+        engine: Engine | None = None,
+        rows: Rows = _blas_rows,
     ) -> None:
         if weight.dtype == BF16 and engine is None:
             msg = "a bfloat16 weight needs the engine that multiplies by it (bf16.choose_engine)"
@@ -142,6 +210,7 @@ class Dense:
             self.weight.setflags(write=False)
         self.engine = engine if weight.dtype == BF16 else None
         self.split = split
+        self.rows = rows  # the float32 products' (and the widening engine's) rows
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -165,11 +234,12 @@ class Dense:
             # a short chunk runs column ranges: each widens its own rows of the weight on its
             # own thread, not the whole weight on the caller first (the same operands and
             # calls as the float32 mode's, so the same bits)
-            return _project(x, self.weight, _widened_rows)
+            rows = self.rows
+            return _project(x, self.weight, lambda x, w, out: rows(x, widened(w), out))
         if engine is None or engine.name == "widen":
             w = self.weight if engine is None else engine.operand(self.weight)
             # the float32 mode's very calls, on the widened weight (the same bits)
-            return _project(x, w, _blas_rows) if self.split else x @ w.T
+            return _project(x, w, self.rows, whole=not self.split)
         w = engine.operand(self.weight)
         x = engine.prepare(x)
         if self.split:
@@ -222,7 +292,18 @@ class Weights:
         self.engine = None
         if self.mode == "bfloat16":
             self.engine = engine if engine is not None else choose_engine()
+        #: the float32 products (the float32 mode's, and the widening engine's); NumPy's BLAS
+        #: in the float64 mode
+        self.f32 = choose_f32_products() if self.mode != "float64" else None
         self.converted_bytes = 0
+
+    @property
+    def products(self) -> str:
+        """How this mode's products are formed (the line a load logs)."""
+        parts = [self.engine.note] if self.engine is not None else []
+        if self.f32 is not None and (self.engine is None or self.engine.name == "widen"):
+            parts.append(self.f32.note)
+        return "; ".join(parts)
 
     def array(self, tensor: Any, dtype: npt.DTypeLike | None = None) -> np.ndarray:
         """A tensor as loaded, as a new NumPy array in `dtype` (default: the compute dtype)."""
@@ -246,7 +327,8 @@ class Weights:
 
     def dense(self, tensor: Any, *, split: bool = True) -> Dense:
         """The projection of a weight [out, in] as loaded."""
-        return Dense(self.held_array(tensor), split=split, engine=self.engine)
+        rows = self.f32.rows if self.f32 is not None else _blas_rows
+        return Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows)
 
     def fused(self, parts: Sequence[tuple[str, Any]]) -> FusedProjection:
         """Several projections [out_i, in] of one input, by name."""

@@ -75,6 +75,7 @@ class DeviceWeights(Weights):
         self.dtype = np.dtype(np.float64 if self.mode == "float64" else np.float32)
         self.held = BF16 if self.mode == "bfloat16" else self.dtype
         self.engine = None
+        self.f32 = None  # the device's products are xp.matmul's
         self.converted_bytes = 0
         self.ops = Compute(launcher)
 

@@ -44,6 +44,7 @@ from .config import CommonConfig, FlaConfig, ModelFolderError, parse_config
 from .dense import Weights, compute_mode
 from .families import family
 from .location import FolderLocation
+from .mkl import MKLUnavailable
 from .runtime import FlaModel, LoadReport
 from .tensor_files import (
     TensorEntry,
@@ -89,8 +90,8 @@ def load_model(
     tokenizer, problem = _tokenizer(folder, source)
     try:
         weights = Weights(mode)
-    except BF16Unavailable as ex:
-        msg = f"{source}: compute_dtype bfloat16: {ex}"
+    except (BF16Unavailable, MKLUnavailable) as ex:
+        msg = f"{source}: compute_dtype {mode}: {ex}"
         raise ModelFolderError(msg) from ex
     model, report = _build(config, entries, want, prefix, weights, source, folder)
     model.tokenizer_path, model._tokenizer_problem = tokenizer, problem
@@ -385,7 +386,7 @@ def _build(
         peak_rss_bytes=_peak_rss(),
         seconds=0.0,
         mapped_bytes=sum(int(a.nbytes) for a in model.held_arrays() if is_mapped(a)),
-        products=weights.engine.note if weights.engine is not None else "",
+        products=weights.products,
     )
     return model, report
 

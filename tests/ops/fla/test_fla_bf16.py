@@ -151,11 +151,13 @@ _MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from linstream.ops.model.fla import bf16, load_model
+    from linstream.ops.model.fla import load_model, mkl
     import linstream.ops.model.fla.gla  # the modules a load imports (Numba: ~100 MiB) first
 
-    if sys.argv[2] == "bfloat16" and bf16.choose_engine().name == "mkl":
-        bf16._mkl()  # PyTorch's CPU library, loaded before the measure (not weights)
+    try:  # PyTorch's CPU library (MKL's products), loaded before the measure (not weights)
+        mkl.library()
+    except mkl.MKLUnavailable:
+        pass
 
     def status(key):  # /proc/self/status's line, in bytes
         for line in open("/proc/self/status"):

@@ -262,8 +262,13 @@ _MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from linstream.ops.model.fla import load_model
+    from linstream.ops.model.fla import load_model, mkl
     import linstream.ops.model.fla.gla  # the modules a load imports (Numba: ~100 MiB) first
+
+    try:  # PyTorch's CPU library (MKL's products, ~100 MiB), loaded before the measure
+        mkl.library()
+    except mkl.MKLUnavailable:
+        pass
 
     def hwm():
         for line in open("/proc/self/status"):
