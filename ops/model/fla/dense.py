@@ -22,10 +22,12 @@ The contract (what a family may rely on, and what a compute mode may change):
   family code runs on the host and, built again with `device.DeviceWeights`, on a device.
 - A Dense's product takes x [T, in] in the compute dtype and returns [T, out] in the compute
   dtype; how the weight is held (`Dense.weight`) and how the product is formed are the Dense's.
-- The modes: "float32" and "float64" hold the weights in that dtype and multiply with NumPy's
-  BLAS; "bfloat16" holds them in bfloat16 (`bf16.BF16`) and multiplies through `bf16.Engine`
-  (bfloat16 products accumulated in float32 where the CPU has the instructions, the weights
-  widened per product where it has not), with float32 activations (`weights.dtype`).  A weight
+- The modes: "float32" and "float64" hold the weights in that dtype; float64 multiplies with
+  NumPy's BLAS, float32 with `weights.f32` (`choose_f32_products`: MKL's SGEMM on an Intel CPU
+  where PyTorch's library is found, else NumPy's BLAS); "bfloat16" holds them in bfloat16
+  (`bf16.BF16`) and multiplies through `bf16.Engine` (bfloat16 products accumulated in float32
+  where the CPU has the instructions, the weights widened per product for `weights.f32` where
+  it has not), with float32 activations (`weights.dtype`).  A weight
   stored in the held dtype is kept as the loader handed it (a local file's mapping: not copied);
   any other is converted once, at load.
 - Inside `split_rows(split)` (the runtime's forward) a product's rows run in the ranges of
