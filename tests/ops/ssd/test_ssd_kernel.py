@@ -74,19 +74,29 @@ def test_random_splits_equal_transformers_scan(dtypes, seed):
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_naive_reference_equals_transformers_scan(seed):
-    """The float64 token-by-token reference is transformers' rule, from a given state too."""
+    """The float64 token-by-token reference is transformers' rule, from a given state too:
+    within the sampled bound (FACTOR · e32 · u64 / u32) or the a-priori bound of summation
+    (FACTOR · (T + 3) · u64 · the largest Σ|terms|, the scan over |x|, |B|, |C|, |D| and |s0|),
+    whichever is larger, as `ssd_cases.tolerances` allows the kernels (the sampled bound alone
+    failed on the seed 13102748: 3.1e-15 against 2.5e-15, its float32 error a lucky sample)."""
     rng = np.random.default_rng(seed)
-    kw = case(rng, int(rng.integers(1, 80)), 2, 2, 8, 16)
+    t = int(rng.integers(1, 80))
+    kw = case(rng, t, 2, 2, 8, 16)
     h, p, n = 4, 8, 16
     s0 = rng.standard_normal((h, p, n))
-    print(f"seed={seed} T={kw['x'].shape[0]}")
+    print(f"seed={seed} T={t}")
     args = (kw["x"], kw["dt"], kw["a"], kw["b"], kw["c"])
     y64, s64 = chunk_scan(*args, d=kw["d"], dt_bias=kw["dt_bias"], state=s0, dtype=torch.float64)
     y32, s32 = chunk_scan(*args, d=kw["d"], dt_bias=kw["dt_bias"], state=s0, dtype=torch.float32)
+    ya, sa = chunk_scan(
+        np.abs(kw["x"]), kw["dt"], kw["a"], np.abs(kw["b"]), np.abs(kw["c"]),
+        d=np.abs(kw["d"]), dt_bias=kw["dt_bias"], state=np.abs(s0), dtype=torch.float64,
+    )  # fmt: skip
     y, s = ssd_recurrent(*args, kw["d"], s0, dt_bias=kw["dt_bias"])
     scale = unit(np.float64) / U32
-    assert worst(y, y64) <= FACTOR * worst(y32, y64) * scale
-    assert worst(s, s64) <= FACTOR * worst(s32, s64) * scale
+    summed = FACTOR * (t + 3) * unit(np.float64)
+    assert worst(y, y64) <= max(FACTOR * worst(y32, y64) * scale, summed * float(np.max(ya)))
+    assert worst(s, s64) <= max(FACTOR * worst(s32, s64) * scale, summed * float(np.max(sa)))
 
 
 def test_one_token_calls_equal_one_call():
