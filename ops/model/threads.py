@@ -3,6 +3,7 @@
     row_ranges(t)                        # the ranges of a chunk of t rows (t alone decides them)
     split = row_split(threads=2)         # runs them on `threads` threads (1: on the caller)
     split(fn, t)                         # fn(slice) for each of row_ranges(t), returns when done
+    split.each([call, ...])              # independent calls, one hand-off for all of them
 
 The model's per-token work (products, norms, activation) between two attention calls is
 independent per row, so a chunk's rows can be split across threads.  A product over a range of
@@ -28,12 +29,13 @@ Python between them is short.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-__all__ = ["RANGE_ROWS", "row_ranges", "row_split"]
+__all__ = ["RANGE_ROWS", "RowSplit", "row_ranges", "row_split"]
 
 # A range shorter than this is not worth a hand-off: on the loaded 2-vCPU machine halves of
 # 32-64 rows cost 30-47% more CPU than one pass (each re-packs the whole weight matrix for its
@@ -80,41 +82,56 @@ def row_ranges(t: int) -> list[slice]:
     return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
-def row_split(threads: int) -> Callable[[Callable[[slice], None], int], None]:
-    """A `model_layers.RowSplit` running `row_ranges` on `threads` threads (the caller and
-    threads - 1 helpers; one thread: the caller alone, in order)."""
-    pool = _pool_for(threads - 1) if threads > 1 else None
+class RowSplit:
+    """Runs `row_ranges` (or any list of independent calls) on the caller and threads - 1
+    helpers (one thread: the caller alone, in order)."""
 
-    def split(fn: Callable[[slice], None], t: int) -> None:
-        ranges = row_ranges(t)
-        if pool is None or len(ranges) == 1:
-            for r in ranges:
-                fn(r)
+    __slots__ = ("_pool", "threads")
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool = _pool_for(threads - 1) if threads > 1 else None
+
+    def __call__(self, fn: Callable[[slice], None], t: int) -> None:
+        """fn(r) for each r of row_ranges(t); returns when all are done."""
+        self.each([functools.partial(fn, r) for r in row_ranges(t)])
+
+    def each(self, calls: Sequence[Callable[[], None]]) -> None:
+        """Each call once, in order of taking (put the longest first), one hand-off for all;
+        returns when all are done, raising the first error."""
+        pool = self._pool
+        if pool is None or len(calls) == 1:
+            for call in calls:
+                call()
             return
         lock = threading.Lock()
         taken = 0
 
-        def work() -> None:  # take the next range nobody has taken, until none is left
+        def work() -> None:  # take the next call nobody has taken, until none is left
             nonlocal taken
             while True:
                 with lock:
                     i, taken = taken, taken + 1
-                if i >= len(ranges):
+                if i >= len(calls):
                     return
-                fn(ranges[i])
+                calls[i]()
 
         turns: list[Future[None]] = [
-            pool.submit(work) for _ in range(min(threads, len(ranges)) - 1)
+            pool.submit(work) for _ in range(min(self.threads, len(calls)) - 1)
         ]
         try:
             work()
         finally:
             # A helper's turn that has not started is taken back (cancelled: the caller has run
-            # its ranges); only a helper running a range is waited for.  Not `wait(turns)`: a
+            # its calls); only a helper running a call is waited for.  Not `wait(turns)`: a
             # cancelled future counts as done only once a helper has dequeued it.
             running = [f for f in turns if not f.cancel()]
             wait(running)
         for f in running:
-            f.result()  # raises the range's error
+            f.result()  # raises the call's error
 
-    return split
+
+def row_split(threads: int) -> RowSplit:
+    """A `model_layers.RowSplit` running `row_ranges` on `threads` threads (the caller and
+    threads - 1 helpers; one thread: the caller alone, in order)."""
+    return RowSplit(threads)

@@ -3,13 +3,12 @@ on the CPU's bfloat16 instructions where it has them.
 
     engine = choose_engine()                 # by the CPU's flags (LINSTREAM_BF16_PRODUCTS wins)
     engine.name, engine.note                 # "mkl" / "widen", and the line a load logs
-    b = engine.operand(w)                    # per product, on the calling thread
     xs = engine.prepare(x)                   # per input, on the calling thread
-    engine.rows(xs[r], b, out[r])            # out[r] = x[r] @ wᵀ for a range of rows r
+    engine.rows(xs[r], w, out[r])            # "mkl": out[r] = x[r] @ wᵀ for a range of rows r
+    wide = widened(w)                        # "widen": w as float32, for the float32 products
 
 Two engines, one contract (x [T, k] and out [T, n] float32, w `ml_dtypes.bfloat16` [n, k]
-C-contiguous; a product's row ranges share one operand, and the products of one input share
-its `prepare`d form):
+C-contiguous; the products of one input share its `prepare`d form):
 
 - "mkl": MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 accumulation and output),
   the one PyTorch's CPU library carries (`torch/lib/libtorch_cpu.so`, loaded with ctypes, torch
@@ -69,14 +68,10 @@ def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> str | None:
 
 @dataclass(frozen=True)
 class Engine:
-    """A bfloat16 product: `name`, `note` (the load's line), `operand(w)`, `rows(x, b, out)`."""
+    """A bfloat16 product: `name`, `note` (the load's line), `prepare(x)`, `rows(x, w, out)`."""
 
     name: str
     note: str
-
-    def operand(self, w: np.ndarray) -> np.ndarray:
-        """What a product's row ranges multiply by: w itself (mkl), or w widened (widen)."""
-        return w if self.name == "mkl" else widened(w)
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """What a product multiplies: x rounded to bfloat16 (mkl; an x already in bfloat16 as
@@ -142,13 +137,15 @@ def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 _scratch = threading.local()
 
 
-def widened(w: np.ndarray) -> np.ndarray:
-    """w [n, k] widened to float32 in the calling thread's scratch buffer (valid until its next
-    call on this thread)."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < w.size:
-        buf = _scratch.buf = np.empty(w.size, np.float32)
-    wide = buf[: w.size].reshape(w.shape)
+def widened(w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """w [n, k] widened to float32 into `out` (C-contiguous float32 [n, k]), or by default the
+    calling thread's scratch buffer (valid until its next call on this thread)."""
+    if out is None:
+        buf = getattr(_scratch, "buf", None)
+        if buf is None or buf.size < w.size:
+            buf = _scratch.buf = np.empty(w.size, np.float32)
+        out = buf[: w.size].reshape(w.shape)
+    wide = out
     # a bfloat16's bits are a float32's top 16: one shift (measured here ~1.3x faster than
     # ml_dtypes' cast, the same values)
     np.left_shift(w.view(np.uint16), 16, out=wide.view(np.uint32), dtype=np.uint32)

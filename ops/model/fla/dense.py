@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from linstream.ops.model.threads import MIN_ROWS
+from linstream.ops.model.threads import MIN_ROWS, RowSplit, row_ranges
 
 from . import mkl
 from .bf16 import BF16, Engine, choose_engine, widened
@@ -74,7 +75,6 @@ __all__ = [
 ]
 
 MODES = ("float32", "float64", "bfloat16")
-RowSplit = Callable[[Callable[[slice], None], int], None]
 _SPLIT: contextvars.ContextVar[RowSplit | None] = contextvars.ContextVar("rows", default=None)
 
 
@@ -167,27 +167,42 @@ def choose_f32_products(
     return Float32Products("mkl", _mkl_rows, "float32 products by MKL's SGEMM")
 
 
-def _project(x: np.ndarray, w: np.ndarray, rows: Rows, *, whole: bool = False) -> np.ndarray:
-    """x [T, in] @ w.T for w [out, in] through the current `split_rows`: a chunk long enough
-    for several row ranges runs each range as one call of `rows` on its own rows; a shorter
-    one (one row range) runs the ranges of the output's columns instead (`row_ranges` of the
-    output width: fixed by the shape alone, so the bits do not depend on the thread count),
-    each one call over all rows and its own columns of w: both threads work on a small chunk,
-    and neither packs the other's half of the weight (row halves of a short chunk each pack
-    all of it).  whole: one call over all rows whatever the split."""
-    split = None if whole else _SPLIT.get()
-    if split is None and rows is _blas_rows:
-        return x @ w.T
+Call = Callable[[], None]
+
+
+def _calls(
+    x: np.ndarray, w: np.ndarray, rows: Rows, split: RowSplit | None, *, part: bool = False
+) -> tuple[np.ndarray, list[Call]]:
+    """y = x [T, in] @ w.T for w [out, in], and the calls that fill it (each one call of
+    `rows`): one over all rows without a split; under a split, a chunk long enough for several
+    row ranges runs each range on its own rows; a shorter one (one row range) runs the ranges of
+    the output's columns instead (`row_ranges` of the output width: fixed by the shape alone, so
+    the bits do not depend on the thread count), each over all rows and its own columns of w:
+    both threads work on a small chunk, and neither packs the other's half of the weight (row
+    halves of a short chunk each pack all of it).  part: a short chunk's product is one of
+    several of the same input (`FusedProjection`), one call over all of it: the parts, not their
+    columns, go to the threads (one hand-off for all, and no product is cut smaller)."""
     dt = np.float32 if w.dtype == BF16 else np.result_type(x, w)
     t, n = x.shape[0], w.shape[0]
     y = np.empty((t, n), dtype=dt)
-    if split is None:
-        rows(x, w, y)
-    elif t >= 2 * MIN_ROWS:
-        split(lambda r: rows(x[r], w, y[r]), t)
+    if split is None or (part and t < 2 * MIN_ROWS):
+        return y, [functools.partial(rows, x, w, y)]
+    if t >= 2 * MIN_ROWS:
+        return y, [functools.partial(rows, x[r], w, y[r]) for r in row_ranges(t)]
+    return y, [functools.partial(rows, x, w[c], y[:, c]) for c in row_ranges(n)]
+
+
+def _run(calls: Sequence[Call], split: RowSplit | None) -> None:
+    if split is None or len(calls) == 1:
+        for call in calls:
+            call()
     else:
-        split(lambda c: rows(x, w[c], y[:, c]), n)
-    return y
+        split.each(calls)
+
+
+def _widening(rows: Rows) -> Rows:
+    """rows on each call's own rows of a bfloat16 weight, widened on the calling thread."""
+    return lambda x, w, out: rows(x, widened(w), out)
 
 
 class Dense:
@@ -224,30 +239,32 @@ class Dense:
         """What the Dense holds (for the model's held bytes)."""
         return [self.weight]
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def calls(self, x: np.ndarray, *, part: bool = False) -> tuple[np.ndarray, list[Call]]:
+        """The product's output and the calls that fill it under the current `split_rows`
+        (`_calls`; x `prepare`d by the bfloat16 engine)."""
+        split = _SPLIT.get() if self.split else None
         engine = self.engine
-        if (
-            engine is not None
-            and engine.name == "widen"
-            and self.split
-            and x.shape[0] < 2 * MIN_ROWS
-            and _SPLIT.get() is not None
-        ):
-            # a short chunk runs column ranges: each widens its own rows of the weight on its
-            # own thread, not the whole weight on the caller first (the same operands and
-            # calls as the float32 mode's, so the same bits)
-            rows = self.rows
-            return _project(x, self.weight, lambda x, w, out: rows(x, widened(w), out))
-        if engine is None or engine.name == "widen":
-            w = self.weight if engine is None else engine.operand(self.weight)
-            # the float32 mode's very calls, on the widened weight (the same bits)
-            return _project(x, w, self.rows, whole=not self.split)
-        w = engine.operand(self.weight)
-        x = engine.prepare(x)
-        if self.split:
-            return _project(x, w, engine.rows)
-        y = np.empty((x.shape[0], w.shape[0]), np.float32)
-        engine.rows(x, w, y)
+        if engine is not None and engine.name == "mkl":
+            return _calls(x, self.weight, engine.rows, split, part=part)
+        if engine is None:
+            return _calls(x, self.weight, self.rows, split, part=part)
+        # widening: a long chunk widens the whole weight once, on the caller, before its row
+        # ranges (into an array of its own: the calls of several parts may wait to run
+        # together); a short chunk's calls (column ranges, or a whole part) each widen their
+        # own rows of it on their own thread.  The same operands and calls as the float32
+        # mode's, so the same bits.
+        if split is not None and x.shape[0] < 2 * MIN_ROWS:
+            return _calls(x, self.weight, _widening(self.rows), split, part=part)
+        wide = widened(self.weight, np.empty(self.weight.shape, np.float32))
+        return _calls(x, wide, self.rows, split, part=part)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.engine is not None:
+            x = self.engine.prepare(x)
+        elif (_SPLIT.get() is None or not self.split) and self.rows is _blas_rows:
+            return x @ self.weight.T
+        y, calls = self.calls(x)
+        _run(calls, _SPLIT.get())
         return y
 
 
@@ -269,7 +286,19 @@ class FusedProjection:
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
         if self.engine is not None:
             x = self.engine.prepare(x)  # the bfloat16 mode rounds the shared input once
-        return {name: d(x) for name, d in self.parts.items()}
+        split = _SPLIT.get()
+        if split is None:
+            return {name: d(x) for name, d in self.parts.items()}
+        # every part's calls in one hand-off, the largest first (the threads end together)
+        planned = {name: d.calls(x, part=len(self.parts) > 1) for name, d in self.parts.items()}
+        sized = [
+            (d.weight.size // len(calls), call)
+            for d, (_, calls) in zip(self.parts.values(), planned.values(), strict=True)
+            for call in calls
+        ]
+        sized.sort(key=lambda sc: -sc[0])
+        _run([call for _, call in sized], split)
+        return {name: y for name, (y, _) in planned.items()}
 
 
 class Weights:

@@ -362,18 +362,21 @@ def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_p
     (BLAS treats a block's tail rows, and each of its threads' shares, differently), so the
     runtime holds BLAS at one thread (NumPy's, and SciPy's, which the Numba kernels call) and
     cuts a long chunk's rows into ranges fixed by its length alone (a short chunk's products:
-    their output columns, by the width alone): the outputs and states are
+    their output columns, by the width alone, or each product of one input whole): the outputs
+    and states are
     the same bits on 1, 2 or 3 threads, in a second process with OPENBLAS_NUM_THREADS=1, and
     when the caller runs every range itself in another order (a helper that never gets a
     core)."""
     from linstream.ops.model import blas
     from linstream.ops.model.fla import runtime
+    from linstream.ops.model.threads import RowSplit
 
-    def reversed_on_caller(fn, t):
-        from linstream.ops.model.threads import row_ranges
+    class ReversedOnCaller(RowSplit):  # every range (and every call of a group) on the caller
+        def each(self, calls):
+            for call in reversed(calls):
+                call()
 
-        for r in reversed(row_ranges(t)):
-            fn(r)
+    reversed_on_caller = ReversedOnCaller(1)
 
     configs = {f: TINY_CONFIGS[f] for f in ("gla", "delta_net", "retnet")}
     # one head of 128 × 256: the kernels' own products (Numba's np.dot, SciPy's BLAS) are then

@@ -85,6 +85,27 @@ def test_the_caller_runs_what_a_busy_helper_cannot_take():
     assert ran_on == [threading.main_thread()] * 2
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_each_runs_every_call_once_and_raises_the_first_error(threads, n):
+    ran = []
+    lock = threading.Lock()
+
+    def call(i):
+        with lock:
+            ran.append(i)
+
+    split = row_split(threads)
+    split.each([lambda i=i: call(i) for i in range(n)])
+    assert sorted(ran) == list(range(n))
+
+    def bad():
+        raise ValueError("bad call")
+
+    with pytest.raises(ValueError, match="bad call"):
+        split.each([bad] + [lambda: None] * (n - 1))
+
+
 @pytest.fixture(scope="module")
 def model():
     return load_model("builtin:default")
