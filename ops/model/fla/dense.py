@@ -261,8 +261,6 @@ class Dense:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.engine is not None:
             x = self.engine.prepare(x)
-        elif (_SPLIT.get() is None or not self.split) and self.rows is _blas_rows:
-            return x @ self.weight.T
         y, calls = self.calls(x)
         _run(calls, _SPLIT.get())
         return y
