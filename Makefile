@@ -38,7 +38,7 @@ $(VENV)/.demo: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 $(VENV)/.test: $(VENV)/.created pyproject.toml $(CONSTRAINTS)
-	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e '.[test,torch,gcp,aws]'
+	$(PIP) $(PIP_FLAGS) install -c $(CONSTRAINTS) -e '.[test,torch,mkl,gcp,aws]'
 	touch $@ $(VENV)/.demo
 
 demo: $(VENV)/.demo

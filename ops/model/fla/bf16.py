@@ -11,9 +11,13 @@ Two engines, one contract (x [T, k] and out [T, n] float32, w `ml_dtypes.bfloat1
 C-contiguous; the products of one input share its `prepare`d form):
 
 - "mkl": MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 accumulation and output),
-  the one PyTorch's CPU library carries (`torch/lib/libtorch_cpu.so`, loaded with ctypes, torch
-  itself is not imported).  x is rounded to bfloat16 (to nearest even) once per input
-  (`prepare`, `bf16_round.to_bf16`: one Numba pass), before the row ranges.  MKL runs its
+  from Intel's `mkl` package, else the copy PyTorch's CPU library carries (`mkl`: loaded with
+  ctypes, torch itself is not imported).  With Intel's package each weight is packed once, at
+  load (`mkl.PackedBF16`, per column range: the mapped weight is then released); PyTorch's copy
+  cannot pack, and reformats the mapped weight at each product (LINSTREAM_BF16_PRODUCTS=
+  mkl-mapped asks for that with either library: the weights stay the file's pages, which
+  several processes on one machine share).  x is rounded to bfloat16 (to nearest even) once per
+  input (`prepare`, `bf16_round.to_bf16`: one Numba pass), before the row ranges.  MKL runs its
   AVX512_BF16 and AMX-BF16 kernels where the CPU has them; on a CPU without them it widens the
   inputs itself (the same results, measured here at 0.4-0.8 of NumPy's float32 product).
 - "widen": the weight is widened to float32 per product (exact: a bfloat16 is a float32 with the
@@ -23,8 +27,8 @@ C-contiguous; the products of one input share its `prepare`d form):
   64-row one here).
 
 `choose_engine()` picks "mkl" where `/proc/cpuinfo` lists avx512_bf16 or amx_bf16 and the
-library is found, else "widen" (its note says why); LINSTREAM_BF16_PRODUCTS=mkl|widen forces
-one (mkl where the library is missing: BF16Unavailable, one line).  MKL is held at one thread
+library is found, else "widen" (its note says why); LINSTREAM_BF16_PRODUCTS=mkl|mkl-mapped|widen
+forces one (mkl where the library is missing: BF16Unavailable, one line).  MKL is held at one thread
 per call (`MKL_Set_Num_Threads_Local`), as the runtime holds BLAS: its products run in the
 runtime's row ranges, so the bits do not depend on the thread count.
 """
@@ -44,7 +48,7 @@ __all__ = ["BF16", "BF16Unavailable", "Engine", "choose_engine", "native_bf16"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ENV = "LINSTREAM_BF16_PRODUCTS"
-ENGINES = ("auto", "mkl", "widen")
+ENGINES = ("auto", "mkl", "mkl-mapped", "widen")
 _NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names, the faster first
 
 
@@ -72,6 +76,8 @@ class Engine:
 
     name: str
     note: str
+    #: the weights are packed once, at load ("mkl" with Intel's package)
+    packs: bool = False
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """What a product multiplies: x rounded to bfloat16 (mkl; an x already in bfloat16 as
@@ -81,6 +87,10 @@ class Engine:
         from .bf16_round import to_bf16  # Numba, on the host only
 
         return to_bf16(x)
+
+    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.PackedBF16:
+        """w [n, k] packed once, per range of its output columns (an engine that `packs`)."""
+        return mkl.PackedBF16(w, ranges)
 
     def rows(self, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         """out = x @ wᵀ for x [t, k] (`prepare`d; float32 is rounded here) and out [t, n]
@@ -93,7 +103,7 @@ class Engine:
 
 def choose_engine(override: str | None = None) -> Engine:
     """The engine for this CPU (see the module docstring); `override` (default: the
-    LINSTREAM_BF16_PRODUCTS variable) is one of auto, mkl, widen."""
+    LINSTREAM_BF16_PRODUCTS variable) is one of auto, mkl, mkl-mapped, widen."""
     want = (override if override is not None else os.environ.get(ENV, "auto")).strip().lower()
     if want not in ENGINES:
         msg = f"{ENV}={want!r}: expected one of {', '.join(ENGINES)}"
@@ -101,10 +111,13 @@ def choose_engine(override: str | None = None) -> Engine:
     native = native_bf16()
     if want == "widen":
         return Engine("widen", f"bfloat16 weights widened to float32 per product ({ENV}=widen)")
-    if want == "mkl":
+    if want in ("mkl", "mkl-mapped"):
         _mkl()  # BF16Unavailable if missing
+        packs = want == "mkl" and mkl.can_pack()
         how = f"natively ({native})" if native else "without native instructions (MKL widens)"
-        return Engine("mkl", f"bfloat16 products by MKL, {how} ({ENV}=mkl)")
+        return Engine(
+            "mkl", f"bfloat16 products by MKL, {how}, {_held(packs)} ({ENV}={want})", packs
+        )
     if native is None:
         return Engine(
             "widen",
@@ -116,7 +129,15 @@ def choose_engine(override: str | None = None) -> Engine:
         _mkl()
     except BF16Unavailable as ex:
         return Engine("widen", f"{ex}: the bfloat16 weights are widened to float32 per product")
-    return Engine("mkl", f"bfloat16 products with float32 accumulation by MKL ({native})")
+    packs = mkl.can_pack()
+    note = f"bfloat16 products with float32 accumulation by MKL ({native}), {_held(packs)}"
+    return Engine("mkl", note, packs)
+
+
+def _held(packs: bool) -> str:
+    if packs:
+        return f"the weights packed once at load ({mkl.source()})"
+    return f"the mapped weights reformatted at each product ({mkl.source()})"
 
 
 # -- MKL -----------------------------------------------------------------------------------------

@@ -205,11 +205,37 @@ def _widening(rows: Rows) -> Rows:
     return lambda x, w, out: rows(x, widened(w), out)
 
 
+def _packed_calls(
+    x: np.ndarray, packed: mkl.PackedBF16, split: RowSplit | None, *, part: bool = False
+) -> tuple[np.ndarray, list[Call]]:
+    """`_calls` for a packed weight: each call one range of rows (`row_ranges`, under a split)
+    by one packed range of columns, the same calls whoever runs them (a short chunk's columns
+    on the threads, or, for a part, all of them on one; a long chunk's rows by columns), so the
+    same bits on any thread count."""
+    t = x.shape[0]
+    y = np.empty((t, packed.n), np.float32)
+    rows = row_ranges(t) if split is not None and t >= 2 * MIN_ROWS else [slice(0, t)]
+    cells: list[Call] = [
+        functools.partial(packed.rows, x[r], j, y[r])
+        for r in rows
+        for j in range(len(packed.ranges))
+    ]
+    if split is None or (part and t < 2 * MIN_ROWS):
+        return y, [functools.partial(_each, cells)]
+    return y, cells
+
+
+def _each(calls: Sequence[Call]) -> None:
+    for call in calls:
+        call()
+
+
 class Dense:
     """A projection: x [T, in] @ Wᵀ for its weight W [out, in] (a linear layer without bias),
-    held read-only in the compute dtype, or in bfloat16 with the engine that multiplies by it."""
+    held read-only in the compute dtype, or in bfloat16 with the engine that multiplies by it
+    (`packed` once, and the weight not kept, where the engine packs)."""
 
-    __slots__ = ("engine", "rows", "split", "weight")
+    __slots__ = ("engine", "packed", "rows", "shape", "split", "weight")
 
     def __init__(
         self,
@@ -222,41 +248,51 @@ class Dense:
         if weight.dtype == BF16 and engine is None:
             msg = "a bfloat16 weight needs the engine that multiplies by it (bf16.choose_engine)"
             raise ValueError(msg)
-        self.weight = weight
-        if weight.flags.writeable:
-            self.weight.setflags(write=False)
+        out, inp = weight.shape
+        #: (out, in)
+        self.shape = (int(out), int(inp))
         self.engine = engine if weight.dtype == BF16 else None
         self.split = split
         self.rows = rows  # the float32 products' (and the widening engine's) rows
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out, in)."""
-        out, inp = self.weight.shape
-        return int(out), int(inp)
+        self.packed: mkl.PackedBF16 | None = None
+        self.weight: np.ndarray | None = weight
+        if self.engine is not None and self.engine.packs:
+            # per range of the output's columns, as a split runs them (one: split=False)
+            cols = row_ranges(self.shape[0]) if split else [slice(0, self.shape[0])]
+            self.packed = self.engine.pack(weight, cols)
+            self.weight = None  # the loader's array (a mapping) is released with the layer
+        elif weight.flags.writeable:
+            weight.setflags(write=False)
 
     def arrays(self) -> list[np.ndarray]:
         """What the Dense holds (for the model's held bytes)."""
-        return [self.weight]
+        return self.packed.arrays() if self.packed is not None else [self._weight]
+
+    @property
+    def _weight(self) -> np.ndarray:
+        assert self.weight is not None  # held unless packed
+        return self.weight
 
     def calls(self, x: np.ndarray, *, part: bool = False) -> tuple[np.ndarray, list[Call]]:
         """The product's output and the calls that fill it under the current `split_rows`
         (`_calls`; x `prepare`d by the bfloat16 engine)."""
         split = _SPLIT.get() if self.split else None
         engine = self.engine
+        if self.packed is not None:
+            return _packed_calls(x, self.packed, split, part=part)
+        w = self._weight
         if engine is not None and engine.name == "mkl":
-            return _calls(x, self.weight, engine.rows, split, part=part)
+            return _calls(x, w, engine.rows, split, part=part)
         if engine is None:
-            return _calls(x, self.weight, self.rows, split, part=part)
+            return _calls(x, w, self.rows, split, part=part)
         # widening: a long chunk widens the whole weight once, on the caller, before its row
         # ranges (into an array of its own: the calls of several parts may wait to run
         # together); a short chunk's calls (column ranges, or a whole part) each widen their
         # own rows of it on their own thread.  The same operands and calls as the float32
         # mode's, so the same bits.
         if split is not None and x.shape[0] < 2 * MIN_ROWS:
-            return _calls(x, self.weight, _widening(self.rows), split, part=part)
-        wide = widened(self.weight, np.empty(self.weight.shape, np.float32))
-        return _calls(x, wide, self.rows, split, part=part)
+            return _calls(x, w, _widening(self.rows), split, part=part)
+        return _calls(x, widened(w, np.empty(w.shape, np.float32)), self.rows, split, part=part)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.engine is not None:
@@ -290,7 +326,7 @@ class FusedProjection:
         # every part's calls in one hand-off, the largest first (the threads end together)
         planned = {name: d.calls(x, part=len(self.parts) > 1) for name, d in self.parts.items()}
         sized = [
-            (d.weight.size // len(calls), call)
+            (d.shape[0] * d.shape[1] // len(calls), call)
             for d, (_, calls) in zip(self.parts.values(), planned.values(), strict=True)
             for call in calls
         ]
@@ -357,7 +393,10 @@ class Weights:
     def dense(self, tensor: Any, *, split: bool = True) -> Dense:
         """The projection of a weight [out, in] as loaded."""
         rows = self.f32.rows if self.f32 is not None else _blas_rows
-        return Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows)
+        d = Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows)
+        if d.packed is not None:  # a copy in MKL's layout, beside the tensor until it is let go
+            self.converted_bytes += d.packed.nbytes
+        return d
 
     def fused(self, parts: Sequence[tuple[str, Any]]) -> FusedProjection:
         """Several projections [out_i, in] of one input, by name."""

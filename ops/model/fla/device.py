@@ -56,12 +56,14 @@ class DeviceDense(Dense):
 
     def __init__(self, weight: Any, xp: Any) -> None:  # not Dense.__init__: no host checks
         self.weight = weight
+        self.shape = (int(weight.shape[0]), int(weight.shape[1]))
         self.xp = xp
         self.engine = None
+        self.packed = None
         self.split = False
 
     def __call__(self, x: Any) -> Any:
-        w = self.weight
+        w: Any = self.weight
         if w.dtype == np.uint16:
             w = widen_bits(w, self.xp)
         return self.xp.matmul(x, w.T)

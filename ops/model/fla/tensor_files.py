@@ -56,6 +56,10 @@ class TensorFileError(ValueError):
     """A safetensors file that cannot be read as the runtime needs it."""
 
 
+class _FileMap(mmap.mmap):
+    """A mapping of a file's bytes (`map_tensor`'s), told apart from other mappings."""
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor of a file: where its bytes lie (absolute offsets) and what they hold."""
@@ -165,7 +169,7 @@ def map_tensor(entry: TensorEntry, digests: dict[str, str] | None = None) -> np.
                 raise TensorFileError(msg)
             if entry.nbytes == 0:
                 return _checked(np.empty(entry.shape, STORED_DTYPES[entry.dtype]), entry, digests)
-            mapped = mmap.mmap(f.fileno(), entry.end - base, offset=base, access=mmap.ACCESS_READ)
+            mapped = _FileMap(f.fileno(), entry.end - base, offset=base, access=mmap.ACCESS_READ)
     except OSError as ex:
         msg = f"{entry.path}: tensor {entry.name!r} cannot be mapped ({ex})"
         raise TensorFileError(msg) from ex
@@ -179,7 +183,7 @@ def is_mapped(arr: np.ndarray) -> bool:
     """Whether arr (or the array it views) lies in a file's mapping (`map_tensor`)."""
     base: Any = arr
     while base is not None:
-        if isinstance(base, mmap.mmap):
+        if isinstance(base, _FileMap):
             return True
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     return False

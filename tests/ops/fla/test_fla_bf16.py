@@ -123,22 +123,25 @@ def test_widened_bfloat16_is_the_float32_mode_bit_for_bit(tmp_path, family, monk
     assert not np.array_equal(mkl[-1], want[-1])
 
 
-def test_mkl_products_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["mkl", "mkl-mapped"])
+def test_mkl_products_do_not_depend_on_the_thread_count(tmp_path, monkeypatch, engine):
     """The bfloat16 products run in the runtime's ranges with MKL at one thread: the same bits
-    on 1, 2 or 3 threads (a 100-token chunk: its products' columns in ranges; then a 4,400-token
-    chunk: four row ranges)."""
+    on 1, 2 or 3 threads (a 100-token chunk: its products' columns in ranges, or a fused
+    group's parts each whole; then a 4,400-token chunk: four row ranges), with the weights
+    packed (Intel's MKL package) or mapped."""
     from linstream.ops.model import blas
 
-    cfg = {**TINY_CONFIGS["gla"], "hidden_size": 128, "num_heads": 2}
+    cfg = {**TINY_CONFIGS["gla"], "hidden_size": 384, "num_heads": 2}  # 384: two column ranges
     folder = write_folder(tmp_path / "m", cfg, dtype="BF16")
-    monkeypatch.setenv(ENV, "mkl")
+    monkeypatch.setenv(ENV, engine)
     model = load_model(folder, compute_dtype="bfloat16")
-    ids = np.random.default_rng(3).integers(0, 50, 4400)
+    ids = np.random.default_rng(3).integers(0, 50, 4500)
     runs = []
     for threads in (1, 2, 3):
         monkeypatch.setattr(blas._single_threaded_blas, "_threads", threads)
-        emb, st = model.embed_chunk(ids, None)
-        runs.append((emb, st))
+        short, st = model.embed_chunk(ids[:100], None)
+        emb, st = model.embed_chunk(ids[100:], st)
+        runs.append((np.concatenate([short, emb]), st))
     for emb, st in runs[1:]:
         assert np.array_equal(emb, runs[0][0])
         assert all(
@@ -149,13 +152,20 @@ def test_mkl_products_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
 # -- memory ----------------------------------------------------------------------------------
 _MEMORY_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
+    import ml_dtypes
     import numpy as np
+    if len(sys.argv) > 3:
+        os.environ["LINSTREAM_BF16_PRODUCTS"] = sys.argv[3]
     from linstream.ops.model.fla import load_model, mkl
     import linstream.ops.model.fla.gla  # the modules a load imports (Numba: ~100 MiB) first
 
-    try:  # PyTorch's CPU library (MKL's products), loaded before the measure (not weights)
+    try:  # MKL's library (Intel's package or PyTorch's), loaded before the measure (not weights)
         mkl.library()
+        w = np.ones((64, 64), ml_dtypes.bfloat16)  # and the code its products and packing load
+        mkl.bf16_rows(w, w, np.empty((64, 64), np.float32))
+        if mkl.can_pack():
+            mkl.PackedBF16(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
     except mkl.MKLUnavailable:
         pass
 
@@ -174,11 +184,39 @@ _MEMORY_SCRIPT = textwrap.dedent(
 )
 
 
+def _memory_of_a_load(tmp_path: Path, stored: str, mode: str, engine: str = "") -> dict:
+    """A 45M-parameter GLA folder (12 layers, hidden 512, vocabulary 8,000) loaded in a fresh
+    process: how its memory grew, and the load's report."""
+    cfg = {"model_type": "gla", "hidden_size": 512, "num_hidden_layers": 12, "num_heads": 4,
+           "vocab_size": 8000, "use_short_conv": True}  # fmt: skip
+    folder = write_folder(tmp_path / "m", cfg, dtype=stored, shards=2)
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT, str(folder), mode, *([engine] if engine else [])],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print(r["line"], "| grew by", {k: r[k] for k in ("VmHWM", "RssAnon", "RssFile")})
+    return r
+
+
+def _mapping_engine() -> str:
+    """A bfloat16 engine that keeps the mapped weights: MKL's unpacked products where the
+    library is found, else the widening one."""
+    from linstream.ops.model.fla import mkl
+
+    try:
+        mkl.library()
+    except mkl.MKLUnavailable:
+        return "widen"
+    return "mkl-mapped"
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
 @pytest.mark.parametrize(("stored", "mode"), [("BF16", "bfloat16"), ("F32", "float32")])
 def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     """A 45M-parameter folder loaded in a fresh process (its modules imported first) in the mode
-    that holds its stored dtype: the products' weights and the embedding stay the file's mapped
+    that holds its stored dtype (bfloat16: with an engine that does not pack, `_mapping_engine`):
+    the products' weights and the embedding stay the file's mapped
     pages (the load converts nothing), so the process's anonymous memory (what a copy would
     take; the file's pages are shared and can be dropped and re-read) grows by less than half a
     layer, its file-backed memory by the weights it touched (all of them: hashed and checked as
@@ -188,15 +226,7 @@ def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     the embedding (7.8 / 15.6 MiB), so a slack of half a layer catches any copy and leaves room
     for what the load allocates besides (the small tensors as float32 arrays, Python objects:
     measured here ~1.2 MB in both modes).  The peak is within 1.1x the weights as held."""
-    cfg = {"model_type": "gla", "hidden_size": 512, "num_hidden_layers": 12, "num_heads": 4,
-           "vocab_size": 8000, "use_short_conv": True}  # fmt: skip
-    folder = write_folder(tmp_path / "m", cfg, dtype=stored, shards=2)
-    out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT, str(folder), mode],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(r["line"], "| grew by", {k: r[k] for k in ("VmHWM", "RssAnon", "RssFile")})
+    r = _memory_of_a_load(tmp_path, stored, mode, _mapping_engine() if mode == "bfloat16" else "")
     # the small tensors (norms, biases, short convs: 0.3% of the bytes) are new float32 arrays
     assert r["held"] <= r["disk"] * 1.01 and r["held"] - r["mapped"] < r["held"] // 100
     assert r["transient"] == 0
@@ -207,13 +237,59 @@ def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     assert r["VmHWM"] <= 1.1 * r["held"]
 
 
-def test_the_bfloat16_mode_holds_half_the_float32_modes_bytes(tmp_path, monkeypatch):
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
+def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path):
+    """The same folder in the bfloat16 mode with MKL packing its weights (Intel's package): the
+    products' weights are MKL's packed copies, which take the weights' bytes of anonymous memory
+    and no more (MKL asks for buffers of 1.6-8x the weight, untouched beyond it: a buffer taken
+    whole would show as 0.6x the products' bytes or more), the embedding alone stays mapped, the
+    file's pages of a layer's products are let go once it is packed (the file-backed memory
+    grows by the embedding and less than a layer more), and the peak holds one layer's mapped
+    pages beside the packed weights at most, as the load reports (here 1.12x the weights as
+    held: a layer is 1/12 of them; the benchmark's 1.3B model has 24)."""
+    if not _packing():
+        pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
+    r = _memory_of_a_load(tmp_path, "BF16", "bfloat16", "mkl")
+    embed = 8000 * 512 * 2
+    small = r["held"] - r["disk"]  # none: the small tensors are float32 copies of bfloat16 ones
+    products = r["held"] - embed
+    layer = products // 12
+    assert "packed once at load" in r["line"]
+    assert r["mapped"] == embed
+    assert abs(small) < r["held"] // 100
+    assert 0 < r["transient"] <= layer * 1.01  # one layer's packed weights beside its tensors
+    assert 0.98 * products <= r["RssAnon"] <= products + layer, (layer, r)
+    assert r["RssFile"] <= embed + layer, (layer, r)
+    # the peak: what the load leaves (the packed weights, the mapped embedding, MKL's and
+    # Python's own ~3.5 MiB) and one layer's mapped pages beside it, within 1 MiB
+    end = r["RssAnon"] + r["RssFile"]
+    assert r["VmHWM"] <= end + r["transient"] + (1 << 20), (layer, r)
+
+
+def _packing() -> bool:
+    from linstream.ops.model.fla import mkl
+
+    try:
+        return mkl.can_pack()
+    except mkl.MKLUnavailable:
+        return False
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_bfloat16_mode_holds_half_the_float32_modes_bytes(tmp_path, monkeypatch, packed):
+    """Mapped or packed (Intel's MKL package), the bfloat16 mode holds half the bytes."""
+    if packed and not _packing():
+        pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["delta_net"], dtype="BF16")
+    monkeypatch.setenv(ENV, "mkl" if packed else _mapping_engine())
     f32, b16 = load_model(folder), load_model(folder, compute_dtype="bfloat16")
+    assert ("packed once at load" in b16.load_report.products) == packed
     small = sum(a.nbytes for a in f32.held_arrays() if a.ndim < 2 or a.shape[-1] < 8)
     assert b16.load_report.held_bytes == (f32.load_report.held_bytes - small) // 2 + small
     assert f32.load_report.mapped_bytes == 0  # widened at load: held, not mapped
-    assert b16.load_report.mapped_bytes == b16.load_report.held_bytes - small
+    embed = b16._embed.nbytes
+    mapped = embed if packed else b16.load_report.held_bytes - small
+    assert b16.load_report.mapped_bytes == mapped
 
 
 # -- the fingerprint and where the folder lies -----------------------------------------------
@@ -259,12 +335,13 @@ def test_the_fingerprint_hashes_the_stored_bytes_in_every_mode_and_from_a_url(tm
         fs.rm("/linstream-bf16", recursive=True)
 
 
-def test_mapped_weights_cannot_be_written(tmp_path):
+def test_mapped_weights_cannot_be_written(tmp_path, monkeypatch):
     """The mapping is read-only: a write raises, the file stays as it was."""
     from linstream.ops.model.fla.tensor_files import is_mapped
 
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["gla"], dtype="BF16")
     before = (folder / "model.safetensors").read_bytes()
+    monkeypatch.setenv(ENV, _mapping_engine())  # the products' weights mapped too
     model = load_model(folder, compute_dtype="bfloat16")
     mapped = [a for a in model.held_arrays() if is_mapped(a)]
     assert len(mapped) >= 1 + 2 * 8  # the embedding, each layer's products
@@ -285,7 +362,7 @@ def test_an_unknown_mode_or_engine_is_one_line(tmp_path, monkeypatch):
         load_model(folder, compute_dtype="bfloat16")
     msg = str(info.value)
     print(msg)
-    assert "\n" not in msg and f"{ENV}='fast': expected one of auto, mkl, widen" in msg
+    assert "\n" not in msg and f"{ENV}='fast': expected one of auto, mkl, mkl-mapped, widen" in msg
     assert load_model(folder).compute_mode == "float32"  # the other modes do not ask
 
 

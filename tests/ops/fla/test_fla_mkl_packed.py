@@ -1,0 +1,121 @@
+"""The bfloat16 mode's packed products (`mkl.PackedBF16`: Intel's mkl package packs each weight
+once, at load), as a user meets them: the load's line says the weights are packed, the products
+are within the rounding bound of the exact product of the bfloat16 operands, a forward's bits do
+not depend on the thread count, and its hidden states are the unpacked engine's to float32
+rounding.  Where the library cannot pack (PyTorch's copy of MKL) the engine says so and keeps
+the mapped weights.  Skipped where Intel's package is not installed.
+
+Tolerances:
+- one product: x and w are bfloat16 values (exact in float32 and float64), so MKL's float32 sum
+  of the k products x_j·w_j (each exact in float32: 8-bit significands) is within
+  γ_k · Σ_j |x_j w_j| of the exact sum, γ_k = k·u / (1 − k·u), u = 2⁻²⁴, whatever its order and
+  blocking (Higham's bound for a dot product).
+- a forward: packed and unpacked products sum the same bfloat16 operands in float32, so they
+  differ by float32 rounding, and where that moves a product's output across a bfloat16
+  rounding boundary, by one rounding of the next product's input: both far below the mode's own
+  error against the float32 mode, which every product input's rounding makes (measured here:
+  the difference's rms 1e-6 of that error's, 6e-3 on DeltaNet, where one such flip happened);
+  bounded at 0.1 of it, so a product that is wrong (a column range missed or written twice, a
+  wrong pack), which moves the outputs by O(1), fails it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers.fla_folders import TINY_CONFIGS, write_folder
+from helpers.streaming import stream_hidden_states
+from linstream.ops.model.fla import load_model, mkl
+from linstream.ops.model.fla.bf16 import ENV
+
+SEED = 20261205
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def packing() -> None:
+    try:
+        if mkl.can_pack():
+            return
+    except mkl.MKLUnavailable:
+        pass
+    pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
+
+
+def test_packed_products_are_within_the_dot_products_rounding_bound(packing):
+    """Column ranges packed apart and written into a wider output, row ranges of a bigger x,
+    k from 1 to 2,000, 1 to 2,048 rows; a layout MKL cannot take is one line."""
+    rng = np.random.default_rng(SEED)
+    print("seed", SEED)
+    u = 2.0**-24
+    for m, k, n in [(1, 1, 1), (3, 7, 5), (64, 768, 300), (200, 2000, 64), (2048, 96, 130)]:
+        x = rng.standard_normal((m + 2, k), dtype=np.float32).astype(BF16)
+        w = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
+        xs = x[1 : m + 1]  # a range of a bigger array's rows
+        x64, w64 = xs.astype(np.float64), w.astype(np.float64)
+        exact = x64 @ w64.T
+        bound = (k * u / (1 - k * u)) * (np.abs(x64) @ np.abs(w64).T)
+        cuts = [0, n // 3, n // 3, n]  # one range empty
+        ranges = [slice(a, b) for a, b in itertools.pairwise(cuts)]
+        packed = mkl.PackedBF16(w, ranges)
+        assert packed.nbytes == w.nbytes
+        assert sum(a.nbytes for a in packed.arrays()) == w.nbytes
+        wide = np.full((m, n), np.nan, np.float32)
+        for j in range(len(ranges)):
+            packed.rows(xs, j, wide)
+        assert np.all(np.abs(wide - exact) <= bound), (m, k, n)
+        unpacked = np.empty((m, n), np.float32)
+        mkl.bf16_rows(np.ascontiguousarray(xs), w, unpacked)
+        assert np.all(np.abs(unpacked - exact) <= bound), (m, k, n)
+    with pytest.raises(ValueError, match="expected a C-contiguous bfloat16 x") as info:
+        packed.rows(x.T, 0, np.empty((k, n), np.float32))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("family", ["gla", "delta_net", "rwkv7", "mamba2"])
+def test_packed_forward_is_the_unpacked_one_to_float32_rounding(
+    tmp_path, monkeypatch, packing, family
+):
+    """Streamed in pieces (1, 299 and 100 tokens: short chunks' columns, a long chunk's rows)."""
+    folder = write_folder(tmp_path / family, TINY_CONFIGS[family], dtype="BF16", seed=5)
+    ids = np.random.default_rng(SEED).integers(0, 50, 400)
+    bounds = [0, 1, 300, 400]
+    monkeypatch.setenv(ENV, "mkl")
+    packed = load_model(folder, compute_dtype="bfloat16")
+    monkeypatch.setenv(ENV, "mkl-mapped")
+    mapped = load_model(folder, compute_dtype="bfloat16")
+    assert "the weights packed once at load" in packed.load_report.products
+    assert "the mapped weights reformatted at each product" in mapped.load_report.products
+    assert packed.load_report.mapped_bytes < mapped.load_report.mapped_bytes
+    got, _ = stream_hidden_states(packed, ids, bounds)
+    want, _ = stream_hidden_states(mapped, ids, bounds)
+    f32, _ = stream_hidden_states(load_model(folder), ids, bounds)
+    for a, b, c in zip(got[1:], want[1:], f32[1:], strict=True):  # [0]: the embeddings
+        diff = _rms(a - b)
+        mode = _rms(b - c)
+        print(family, "rms(packed - unpacked) / rms(unpacked - float32 mode)", diff / mode)
+        assert diff <= 0.1 * mode
+
+
+def _rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
+
+
+def test_a_library_that_cannot_pack_keeps_the_mapped_weights(tmp_path, monkeypatch):
+    """PyTorch's copy of MKL has no packing: the engine says so and the weights stay mapped."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr(mkl, "_package_library", lambda: None)
+    mkl._loaded.cache_clear()
+    try:
+        assert mkl.source() == "PyTorch's CPU library" and not mkl.can_pack()
+        folder = write_folder(tmp_path / "m", TINY_CONFIGS["gla"], dtype="BF16")
+        monkeypatch.setenv(ENV, "mkl")
+        model = load_model(folder, compute_dtype="bfloat16")
+        line = model.load_report.products
+        assert "the mapped weights reformatted at each product (PyTorch's CPU library)" in line
+        assert model.load_report.mapped_bytes > model.load_report.held_bytes * 0.9
+    finally:
+        mkl._loaded.cache_clear()
