@@ -6,6 +6,7 @@ factory (`Weights`) that the loader hands to each family's `build`.
     y = o_proj(x)                                  # x [T, in] -> x @ Wᵀ [T, out]
     qkv = weights.fused([("q", wq), ("k", wk), ("v", wv)])      # several projections of one x
     p = qkv(x); p["q"], p["k"], p["v"]             # one [T, out_i] array each
+    r, k = weights.together([(r_proj, xr), (k_proj, xk)])      # independent products at once
     norm_w = weights.array(tensors["o_norm.weight"])            # anything else: a plain array
     a_log = weights.array(tensors["A_log"], np.float64)         # ... in a dtype of its own
 
@@ -24,12 +25,14 @@ The contract (what a family may rely on, and what a compute mode may change):
   dtype; how the weight is held (`Dense.weight`) and how the product is formed are the Dense's.
 - The modes: "float32" and "float64" hold the weights in that dtype; float64 multiplies with
   NumPy's BLAS, float32 with `weights.f32` (`choose_f32_products`: MKL's SGEMM on an Intel CPU
-  where PyTorch's library is found, else NumPy's BLAS); "bfloat16" holds them in bfloat16
+  where MKL is found, else NumPy's BLAS); "bfloat16" holds them in bfloat16
   (`bf16.BF16`) and multiplies through `bf16.Engine` (bfloat16 products accumulated in float32
   where the CPU has the instructions, the weights widened per product for `weights.f32` where
   it has not), with float32 activations (`weights.dtype`).  A weight
   stored in the held dtype is kept as the loader handed it (a local file's mapping: not copied);
-  any other is converted once, at load.
+  any other is converted once, at load.  An engine that `packs` (MKL from Intel's package) packs
+  each bfloat16 weight once, per range of its output columns, and the Dense keeps only that
+  (`Dense.packed`: the loader's mapping is let go with its layer).
 - Inside `split_rows(split)` (the runtime's forward) a product's rows run in the ranges of
   `split` (`linstream.ops.model.threads.row_split`: ranges fixed by the number of rows alone,
   BLAS at one thread, each range one call), or for a chunk too short for two row ranges its
@@ -38,7 +41,13 @@ The contract (what a family may rely on, and what a compute mode may change):
   thread before a long chunk's row ranges, and each column range's own rows of it on that
   range's thread for a short chunk (so the widening is split too).
   `weights.dense(w, split=False)` is one call over all rows, for a product too small to be
-  worth ranges (GLA's rank-16 gate); also independent of the thread count.
+  worth ranges (GLA's rank-16 gate); also independent of the thread count.  A packed weight's
+  calls are its row ranges by its packed column ranges, the same calls on any thread count.
+- `weights.fused` (and `weights.together`, for independent products of different inputs) runs
+  its parts' calls in one hand-off to the threads (`RowSplit.each`, the largest first): a long
+  chunk's row ranges of every part, and a short chunk's parts each as one whole call on one
+  thread (measured in the bfloat16 mode at 64 tokens: MKL gains nothing from cutting a
+  768-wide product in two, and each hand-off costs tens of microseconds here).
 - `weights.fused` keeps its parts apart (one product each, of the same input): measured on the
   ~110M models' shapes at 64 and 2,048 rows, one product per part ran as fast as one product
   of the concatenated weight (0.84-1.17x, within the noise), and the parts need no copy.
@@ -72,6 +81,7 @@ __all__ = [
     "choose_f32_products",
     "compute_mode",
     "split_rows",
+    "together",
 ]
 
 MODES = ("float32", "float64", "bfloat16")
@@ -146,7 +156,7 @@ def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def choose_f32_products(
     override: str | None = None, cpuinfo: str = "/proc/cpuinfo"
 ) -> Float32Products:
-    """MKL's SGEMM on an Intel CPU where PyTorch's CPU library is found (`mkl`: at 64-128 rows
+    """MKL's SGEMM on an Intel CPU where MKL is found (`mkl`: at 64-128 rows
     it ran 1.25-1.3× NumPy's OpenBLAS there, 1.02-1.04× at 2,048), else NumPy's BLAS; `override`
     (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, numpy (mkl where the
     library is missing: mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by
@@ -168,6 +178,10 @@ def choose_f32_products(
 
 
 Call = Callable[[], None]
+#: a short chunk's product by a weight of fewer elements is one call, not column ranges: its
+#: work (64 rows by RWKV-7's 64 × 768 low-rank weights: ~10 µs) is less than a hand-off to
+#: another thread costs on a shared 2-vCPU machine (measured 25-50 µs)
+SMALL_WEIGHT = 1 << 17
 
 
 def _calls(
@@ -179,13 +193,14 @@ def _calls(
     the output's columns instead (`row_ranges` of the output width: fixed by the shape alone, so
     the bits do not depend on the thread count), each over all rows and its own columns of w:
     both threads work on a small chunk, and neither packs the other's half of the weight (row
-    halves of a short chunk each pack all of it).  part: a short chunk's product is one of
+    halves of a short chunk each pack all of it), unless w has fewer than SMALL_WEIGHT
+    elements (one call: less work than a hand-off).  part: a short chunk's product is one of
     several of the same input (`FusedProjection`), one call over all of it: the parts, not their
     columns, go to the threads (one hand-off for all, and no product is cut smaller)."""
     dt = np.float32 if w.dtype == BF16 else np.result_type(x, w)
     t, n = x.shape[0], w.shape[0]
     y = np.empty((t, n), dtype=dt)
-    if split is None or (part and t < 2 * MIN_ROWS):
+    if split is None or (t < 2 * MIN_ROWS and (part or w.size < SMALL_WEIGHT)):
         return y, [functools.partial(rows, x, w, y)]
     if t >= 2 * MIN_ROWS:
         return y, [functools.partial(rows, x[r], w, y[r]) for r in row_ranges(t)]
@@ -220,7 +235,7 @@ def _packed_calls(
         for r in rows
         for j in range(len(packed.ranges))
     ]
-    if split is None or (part and t < 2 * MIN_ROWS):
+    if split is None or (t < 2 * MIN_ROWS and (part or packed.n * packed.k < SMALL_WEIGHT)):
         return y, [functools.partial(_each, cells)]
     return y, cells
 
@@ -318,21 +333,57 @@ class FusedProjection:
         return [a for d in self.parts.values() for a in d.arrays()]
 
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        if _SPLIT.get() is None:
+            if self.engine is not None:
+                x = self.engine.prepare(x)  # the bfloat16 mode rounds the shared input once
+            return {name: d(x) for name, d in self.parts.items()}
+        out: dict[str, np.ndarray] = together([(self, x)])[0]
+        return out
+
+    def planned(
+        self, x: np.ndarray, *, part: bool
+    ) -> tuple[dict[str, np.ndarray], list[tuple[int, Call]]]:
+        """The outputs by name and their calls, each with its size (`Dense.calls`)."""
         if self.engine is not None:
             x = self.engine.prepare(x)  # the bfloat16 mode rounds the shared input once
-        split = _SPLIT.get()
-        if split is None:
-            return {name: d(x) for name, d in self.parts.items()}
-        # every part's calls in one hand-off, the largest first (the threads end together)
-        planned = {name: d.calls(x, part=len(self.parts) > 1) for name, d in self.parts.items()}
-        sized = [
-            (d.shape[0] * d.shape[1] // len(calls), call)
-            for d, (_, calls) in zip(self.parts.values(), planned.values(), strict=True)
-            for call in calls
-        ]
-        sized.sort(key=lambda sc: -sc[0])
-        _run([call for _, call in sized], split)
-        return {name: y for name, (y, _) in planned.items()}
+        out: dict[str, np.ndarray] = {}
+        sized: list[tuple[int, Call]] = []
+        for name, d in self.parts.items():
+            out[name], calls = d.calls(x, part=part)
+            sized += [(d.shape[0] * d.shape[1] // len(calls), call) for call in calls]
+        return out, sized
+
+
+Projection = Dense | FusedProjection
+
+
+def together(items: Sequence[tuple[Projection, np.ndarray]]) -> list[Any]:
+    """Independent products, each of its own input (a Dense's output, or a FusedProjection's
+    dict), with every call of all of them in one hand-off to the threads of the current
+    `split_rows`, the largest first (the threads then end together); a short chunk's products
+    each whole on one thread, when there are several (`Dense.calls`'s part)."""
+    split = _SPLIT.get()
+    if split is None:
+        return [p(x) for p, x in items]
+    many = len(items) > 1 or any(
+        isinstance(p, FusedProjection) and len(p.parts) > 1 for p, _ in items
+    )
+    outs: list[Any] = []
+    sized: list[tuple[int, Call]] = []
+    for p, x in items:
+        out: Any
+        if isinstance(p, FusedProjection):
+            out, calls = p.planned(x, part=many)
+        else:
+            if p.engine is not None:
+                x = p.engine.prepare(x)
+            y, plain = p.calls(x, part=many)
+            out, calls = y, [(p.shape[0] * p.shape[1] // len(plain), c) for c in plain]
+        outs.append(out)
+        sized += calls
+    sized.sort(key=lambda sc: -sc[0])
+    _run([call for _, call in sized], split)
+    return outs
 
 
 class Weights:
@@ -397,6 +448,11 @@ class Weights:
         if d.packed is not None:  # a copy in MKL's layout, beside the tensor until it is let go
             self.converted_bytes += d.packed.nbytes
         return d
+
+    def together(self, items: Sequence[tuple[Any, Any]]) -> list[Any]:
+        """Independent products of their own inputs [(dense or fused, x), ...], in one hand-off
+        to the threads (`together`): each result as its own call would give it."""
+        return together(items)
 
     def fused(self, parts: Sequence[tuple[str, Any]]) -> FusedProjection:
         """Several projections [out_i, in] of one input, by name."""

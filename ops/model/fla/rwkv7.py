@@ -294,6 +294,7 @@ class RWKV7Block:
 
         self.pre_norm = norm("pre_norm") if s.norm_first and index == 0 else None
         self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
+        self.together = weights.together  # independent products in one hand-off
         self.mix = weights.xp.stack([weights.array(t[f"attn.x_{m}"]).reshape(d) for m in MIXES])
         self.k_k = weights.array(t["attn.k_k"])
         self.k_a = weights.array(t["attn.k_a"])
@@ -351,18 +352,19 @@ class RWKV7Block:
         t = h.shape[0]
         nh, hd, hv = s.num_heads, s.head_dim, s.head_v_dim
         xr, xw, xk, xv, xa, xg = p.shift_mix(h, state["shift_attn"], self.mix)
-        r = self.r_proj(xr)
-        k = self.k_proj(xk)
-        pv = self.v_proj(xv)
-        w = p.decay_(self.lora_out["w"](xp.tanh(self.lora_in["w"](xw))), self.lora_bias["w"])
+        lora = self.lora_in
+        pairs = [(self.r_proj, xr), (self.k_proj, xk), (self.v_proj, xv)]
+        pairs += [(lora["w"], xw), (lora["a"], xa), (lora["g"], xg)]
+        r, k, pv, lw, la, lg = self.together(pairs)
+        w = p.decay_(self.lora_out["w"](xp.tanh(lw)), self.lora_bias["w"])
         if self.index == 0:
             v = xp.ascontiguousarray(pv["v"])
             carry["v_first"] = v
         else:
             gate = self.lora_out["v"](pv["v_lora"])
             v = p.v_residual(pv["v"], carry["v_first"], gate, self.lora_bias["v"])
-        alpha = p.sigmoid_(self.lora_out["a"](self.lora_in["a"](xa)), self.lora_bias["a"])
-        g = self.lora_out["g"](p.sigmoid_(self.lora_in["g"](xg)))
+        alpha = p.sigmoid_(self.lora_out["a"](la), self.lora_bias["a"])
+        g = self.lora_out["g"](p.sigmoid_(lg))
         a, k, b = p.keys(k, alpha, self.k_k, self.k_a, hd, s.fuse_norm)
         state_s = self.ops.copy(state["S"])
         r3, k3, v3 = r.reshape(t, nh, hd), k.reshape(t, nh, hd), v.reshape(t, nh, hv)

@@ -378,7 +378,7 @@ def test_the_bits_do_not_depend_on_the_thread_count_or_who_runs_which_rows(tmp_p
 
     reversed_on_caller = ReversedOnCaller(1)
 
-    configs = {f: TINY_CONFIGS[f] for f in ("gla", "delta_net", "retnet")}
+    configs = {f: TINY_CONFIGS[f] for f in ("gla", "delta_net", "retnet", "rwkv7")}
     # one head of 128 × 256: the kernels' own products (Numba's np.dot, SciPy's BLAS) are then
     # large enough for BLAS to run them on its threads (over 2^18 multiply-adds)
     configs["gla_wide"] = {**TINY_CONFIGS["gla"], "hidden_size": 256, "num_heads": 1}
