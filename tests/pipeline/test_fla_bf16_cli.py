@@ -143,7 +143,7 @@ def test_embed_and_resumable_give_the_command_lines_bfloat16_numbers(tmp_path, m
     give the rows `linstream embed --compute-dtype bfloat16` writes, bit for bit (the same
     step loads the model in the same mode), and those are not the float32 mode's."""
     from linstream.ops.model.fla.bf16 import choose_engine
-    from linstream.ops.model.fla.dense import choose_f32_products
+    from linstream.ops.model.fla.f32 import choose_f32_products
     from linstream.pipeline import Resumable
     from linstream.pipeline.io.tokenizers import byte_tokenizer
 

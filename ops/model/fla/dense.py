@@ -24,7 +24,7 @@ The contract (what a family may rely on, and what a compute mode may change):
 - A Dense's product takes x [T, in] in the compute dtype and returns [T, out] in the compute
   dtype; how the weight is held (`Dense.weight`) and how the product is formed are the Dense's.
 - The modes: "float32" and "float64" hold the weights in that dtype; float64 multiplies with
-  NumPy's BLAS, float32 with `weights.f32` (`choose_f32_products`: MKL's SGEMM on an Intel CPU
+  NumPy's BLAS, float32 with `weights.f32` (`f32.choose_f32_products`: MKL's SGEMM on an Intel CPU
   where MKL is found, else NumPy's BLAS); "bfloat16" holds them in bfloat16
   (`bf16.BF16`) and multiplies through `bf16.Engine` (bfloat16 products accumulated in float32
   where the CPU has the instructions, the weights widened per product for `weights.f32` where
@@ -58,9 +58,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,15 +68,14 @@ from linstream.ops.model.threads import MIN_ROWS, RowSplit, row_ranges
 from . import mkl
 from .bf16 import BF16, Engine, choose_engine, widened
 from .compute import HOST, Compute
+from .f32 import Rows, blas_rows, choose_f32_products
 
 __all__ = [
     "MODES",
     "Dense",
-    "Float32Products",
     "FusedProjection",
     "RowSplit",
     "Weights",
-    "choose_f32_products",
     "compute_mode",
     "split_rows",
     "together",
@@ -117,66 +114,6 @@ def split_rows(split: RowSplit | None) -> Iterator[None]:
         _SPLIT.reset(token)
 
 
-Rows = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # rows(x, w, out): out = x @ wᵀ
-
-
-def _blas_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    np.matmul(x, w.T, out=out)
-
-
-def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    if x.dtype == w.dtype == np.float32 and w.flags.c_contiguous:
-        mkl.sgemm_rows(np.ascontiguousarray(x), w, out)
-    else:  # not a float32 product (the float64 mode's are NumPy's anyway)
-        np.matmul(x, w.T, out=out)
-
-
-@dataclass(frozen=True)
-class Float32Products:
-    """How the float32 products are formed: `rows` (NumPy's BLAS or MKL's SGEMM, one call per
-    range) and the line a load logs."""
-
-    name: str
-    rows: Rows
-    note: str
-
-
-F32_ENV = "LINSTREAM_F32_PRODUCTS"
-F32_ENGINES = ("auto", "mkl", "numpy")
-
-
-def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    try:
-        with open(cpuinfo) as f:
-            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
-    except OSError:
-        return False
-
-
-def choose_f32_products(
-    override: str | None = None, cpuinfo: str = "/proc/cpuinfo"
-) -> Float32Products:
-    """MKL's SGEMM on an Intel CPU where MKL is found (`mkl`: at 64-128 rows
-    it ran 1.25-1.3× NumPy's OpenBLAS there, 1.02-1.04× at 2,048), else NumPy's BLAS; `override`
-    (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, numpy (mkl where the
-    library is missing: mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by
-    default: it was measured on an Intel one only."""
-    want = (override if override is not None else os.environ.get(F32_ENV, "auto")).strip().lower()
-    if want not in F32_ENGINES:
-        msg = f"{F32_ENV}={want!r}: expected one of {', '.join(F32_ENGINES)}"
-        raise mkl.MKLUnavailable(msg)
-    numpy = Float32Products("numpy", _blas_rows, "float32 products by NumPy's BLAS")
-    if want == "numpy" or (want == "auto" and not _intel(cpuinfo)):
-        return numpy
-    try:
-        mkl.library()
-    except mkl.MKLUnavailable:
-        if want == "mkl":
-            raise
-        return numpy
-    return Float32Products("mkl", _mkl_rows, "float32 products by MKL's SGEMM")
-
-
 Call = Callable[[], None]
 #: a short chunk's product by a weight of fewer elements is one call, not column ranges: its
 #: work (64 rows by RWKV-7's 64 × 768 low-rank weights: ~10 µs) is less than a hand-off to
@@ -195,8 +132,8 @@ def _calls(
     both threads work on a small chunk, and neither packs the other's half of the weight (row
     halves of a short chunk each pack all of it), unless w has fewer than SMALL_WEIGHT
     elements (one call: less work than a hand-off).  part: a short chunk's product is one of
-    several of the same input (`FusedProjection`), one call over all of it: the parts, not their
-    columns, go to the threads (one hand-off for all, and no product is cut smaller)."""
+    several run together (`FusedProjection`, `together`), one call over all of it: the parts,
+    not their columns, go to the threads (one hand-off for all, no product cut smaller)."""
     dt = np.float32 if w.dtype == BF16 else np.result_type(x, w)
     t, n = x.shape[0], w.shape[0]
     y = np.empty((t, n), dtype=dt)
@@ -258,7 +195,7 @@ class Dense:
         *,
         split: bool = True,
         engine: Engine | None = None,
-        rows: Rows = _blas_rows,
+        rows: Rows = blas_rows,
     ) -> None:
         if weight.dtype == BF16 and engine is None:
             msg = "a bfloat16 weight needs the engine that multiplies by it (bf16.choose_engine)"
@@ -443,7 +380,7 @@ class Weights:
 
     def dense(self, tensor: Any, *, split: bool = True) -> Dense:
         """The projection of a weight [out, in] as loaded."""
-        rows = self.f32.rows if self.f32 is not None else _blas_rows
+        rows = self.f32.rows if self.f32 is not None else blas_rows
         d = Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows)
         if d.packed is not None:  # a copy in MKL's layout, beside the tensor until it is let go
             self.converted_bytes += d.packed.nbytes
@@ -451,7 +388,8 @@ class Weights:
 
     def together(self, items: Sequence[tuple[Any, Any]]) -> list[Any]:
         """Independent products of their own inputs [(dense or fused, x), ...], in one hand-off
-        to the threads (`together`): each result as its own call would give it."""
+        to the threads (`together`): each result what its own call gives, to rounding (a short
+        chunk's products are whole calls then, not column ranges)."""
         return together(items)
 
     def fused(self, parts: Sequence[tuple[str, Any]]) -> FusedProjection:

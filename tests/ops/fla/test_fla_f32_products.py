@@ -1,5 +1,5 @@
 """The float32 mode's products by MKL's SGEMM (`linstream.ops.model.fla.mkl`, chosen by
-`dense.choose_f32_products`: MKL on an Intel CPU where PyTorch's CPU library is found, NumPy's
+`f32.choose_f32_products`: MKL on an Intel CPU where MKL is found, NumPy's
 BLAS elsewhere; LINSTREAM_F32_PRODUCTS=auto|mkl|numpy forces one), as a user meets them: the
 load's line says which ran, a forward's bits do not depend on the thread count, and its hidden
 states are the NumPy engine's to float32 rounding.  Skipped where the library is missing (the
@@ -25,7 +25,7 @@ from helpers.cli import linstream, one_error_line, write_texts
 from helpers.fla_folders import TINY_CONFIGS, write_folder
 from helpers.streaming import stream_hidden_states
 from linstream.ops.model.fla import ModelFolderError, load_model, mkl
-from linstream.ops.model.fla.dense import F32_ENV, choose_f32_products
+from linstream.ops.model.fla.f32 import F32_ENV, choose_f32_products
 
 SEED = 20261205
 

@@ -1,0 +1,80 @@
+"""The float32 products: NumPy's BLAS, or MKL's SGEMM on an Intel CPU where MKL is found.
+
+    f32 = choose_f32_products()            # by the CPU's vendor (LINSTREAM_F32_PRODUCTS wins)
+    f32.name, f32.note                     # "mkl" / "numpy", and the line a load logs
+    f32.rows(x, w, out)                    # out = x @ wᵀ for a range of rows (one BLAS call)
+
+The float32 mode's products (and the bfloat16 mode's where it widens its weights) run through
+`rows`, one call per range of rows or columns (`dense`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import mkl
+
+__all__ = ["F32_ENGINES", "F32_ENV", "Float32Products", "Rows", "blas_rows", "choose_f32_products"]
+
+Rows = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # rows(x, w, out): out = x @ wᵀ
+
+
+def blas_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(x, w.T, out=out)
+
+
+def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    if x.dtype == w.dtype == np.float32 and w.flags.c_contiguous:
+        mkl.sgemm_rows(np.ascontiguousarray(x), w, out)
+    else:  # not a float32 product (the float64 mode's are NumPy's anyway)
+        np.matmul(x, w.T, out=out)
+
+
+@dataclass(frozen=True)
+class Float32Products:
+    """How the float32 products are formed: `rows` (NumPy's BLAS or MKL's SGEMM, one call per
+    range) and the line a load logs."""
+
+    name: str
+    rows: Rows
+    note: str
+
+
+F32_ENV = "LINSTREAM_F32_PRODUCTS"
+F32_ENGINES = ("auto", "mkl", "numpy")
+
+
+def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return False
+
+
+def choose_f32_products(
+    override: str | None = None, cpuinfo: str = "/proc/cpuinfo"
+) -> Float32Products:
+    """MKL's SGEMM on an Intel CPU where MKL is found (`mkl`: at 64-128 rows
+    it ran 1.25-1.3× NumPy's OpenBLAS there, 1.02-1.04× at 2,048), else NumPy's BLAS; `override`
+    (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, numpy (mkl where the
+    library is missing: mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by
+    default: it was measured on an Intel one only."""
+    want = (override if override is not None else os.environ.get(F32_ENV, "auto")).strip().lower()
+    if want not in F32_ENGINES:
+        msg = f"{F32_ENV}={want!r}: expected one of {', '.join(F32_ENGINES)}"
+        raise mkl.MKLUnavailable(msg)
+    numpy = Float32Products("numpy", blas_rows, "float32 products by NumPy's BLAS")
+    if want == "numpy" or (want == "auto" and not _intel(cpuinfo)):
+        return numpy
+    try:
+        mkl.library()
+    except mkl.MKLUnavailable:
+        if want == "mkl":
+            raise
+        return numpy
+    return Float32Products("mkl", _mkl_rows, "float32 products by MKL's SGEMM")
