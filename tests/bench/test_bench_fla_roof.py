@@ -66,6 +66,7 @@ import sys
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -133,11 +134,19 @@ def _tokens(n: int, folder: str | Path | None = None) -> np.ndarray:
 
 
 # -- children ----------------------------------------------------------------------------------
+def _rows_of(x: np.ndarray, w: np.ndarray, out: np.ndarray, r: slice) -> None:
+    from linstream.ops.model.fla import mkl
+
+    mkl.sgemm_rows(x[r], w, out[r])
+
+
 def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
     """(the products' FLOPs, the seconds the fastest float32 GEMM here takes for them: per shape
-    the best of 3 of NumPy's BLAS and of MKL's SGEMM (where PyTorch's library has it), each at 2
-    threads and at 1)."""
+    the best of 3 of NumPy's BLAS and of MKL's SGEMM (where MKL is found), each at 2 threads and
+    at 1; MKL's 2 threads are its own where its library has them (PyTorch's copy), and two
+    threads each running half the rows (the runtime's row ranges) in any case)."""
     from linstream.ops.model.fla import mkl
+    from linstream.ops.model.threads import row_split
     from threadpoolctl import threadpool_limits
 
     try:
@@ -156,6 +165,10 @@ def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
             gemms = [functools.partial(np.matmul, x, w.T, out=out)]
             if have_mkl:
                 gemms.append(functools.partial(mkl.sgemm_rows, x, w, out, threads))
+                if threads == 2:
+                    halves = row_split(2)
+                    rows = functools.partial(_rows_of, x, w, out)
+                    gemms.append(functools.partial(halves, rows, t))
             with threadpool_limits(threads, user_api="blas"):
                 for gemm in gemms:
                     gemm()
@@ -313,7 +326,10 @@ def run_load(folder: str, engine: str) -> dict:
 
     os.environ["LINSTREAM_BF16_PRODUCTS"] = engine
     with contextlib.suppress(mkl.MKLUnavailable):  # code, not weights: loaded before the measure
-        mkl.library()
+        w = np.ones((64, 64), ml_dtypes.bfloat16)  # the library, and what its products load
+        mkl.bf16_rows(w, w, np.empty((64, 64), np.float32))
+        if mkl.can_pack():
+            mkl.PackedBF16(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
     before = {k: _status(k) for k in ("VmHWM", "RssAnon")}
     t0 = time.perf_counter()
     model = load_model(folder, compute_dtype="bfloat16")
