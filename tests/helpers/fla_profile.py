@@ -9,8 +9,8 @@ Each kind is the wall time of the outermost calls of its functions on the callin
 product's row ranges run on helper threads inside its call; a norm calling another norm counts
 once):
 
-- products: every `dense.Dense` and `dense.FusedProjection` call (BLAS, or the bfloat16
-  products);
+- products: every `dense.Dense` and `dense.FusedProjection` call and `Weights.together` (BLAS,
+  or the bfloat16 products);
 - recurrence: the compute backend's kernels (`compute.Compute`'s `*_chunks` methods, which the
   families call as `weights.ops.<kernel>`), and any kernel a family module imports from
   `linstream.ops` outside `linstream.ops.model` (found by its module);
@@ -91,6 +91,7 @@ class Profile:
 
         self._patch(dense.Dense, "__call__", "products")
         self._patch(dense.FusedProjection, "__call__", "products")
+        self._patch(dense.Weights, "together", "products")
         for name in _methods(Compute):
             if name.endswith("_chunks"):
                 self._patch(Compute, name, "recurrence")

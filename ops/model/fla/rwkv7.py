@@ -294,7 +294,7 @@ class RWKV7Block:
 
         self.pre_norm = norm("pre_norm") if s.norm_first and index == 0 else None
         self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
-        self.together = weights.together  # independent products in one hand-off
+        self.weights = weights  # its `together`: independent products in one hand-off
         self.mix = weights.xp.stack([weights.array(t[f"attn.x_{m}"]).reshape(d) for m in MIXES])
         self.k_k = weights.array(t["attn.k_k"])
         self.k_a = weights.array(t["attn.k_a"])
@@ -355,7 +355,7 @@ class RWKV7Block:
         lora = self.lora_in
         pairs = [(self.r_proj, xr), (self.k_proj, xk), (self.v_proj, xv)]
         pairs += [(lora["w"], xw), (lora["a"], xa), (lora["g"], xg)]
-        r, k, pv, lw, la, lg = self.together(pairs)
+        r, k, pv, lw, la, lg = self.weights.together(pairs)
         w = p.decay_(self.lora_out["w"](xp.tanh(lw)), self.lora_bias["w"])
         if self.index == 0:
             v = xp.ascontiguousarray(pv["v"])
