@@ -30,13 +30,14 @@ no memory).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.metadata
 import importlib.util
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,16 @@ def can_pack() -> bool:
     return hasattr(library(), "cblas_gemm_bf16bf16f32_pack")
 
 
+@contextlib.contextmanager
+def _threads(lib: ctypes.CDLL, n: int) -> Iterator[None]:
+    """MKL at n threads on this thread inside (its thread-local setting, restored after)."""
+    prev = lib.MKL_Set_Num_Threads_Local(n)
+    try:
+        yield
+    finally:
+        lib.MKL_Set_Num_Threads_Local(prev)
+
+
 def _checked(x: np.ndarray, w: np.ndarray, out: np.ndarray, dtype: Any) -> tuple[int, int, int]:
     m, k = x.shape
     n = w.shape[0]
@@ -170,13 +181,10 @@ def sgemm_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int = 1) 
     lib = library()
     ldc = out.strides[0] // 4
     cm, cn, ck, cldc = ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(ldc)
-    prev = lib.MKL_Set_Num_Threads_Local(threads)
-    try:
+    with _threads(lib, threads):
         # row-major out [m, n] = x wᵀ is column-major outᵀ [n, m] = w·xᵀ, w read transposed
         lib.SGEMM(_T, _N, cn, cm, ck, _ONE, w.ctypes.data, ck, x.ctypes.data, ck, _ZERO,
                   out.ctypes.data, cldc)  # fmt: skip
-    finally:
-        lib.MKL_Set_Num_Threads_Local(prev)
 
 
 def bf16_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -189,14 +197,11 @@ def bf16_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         out[...] = 0.0
         return
     lib = library()
-    prev = lib.MKL_Set_Num_Threads_Local(1)
-    try:
+    with _threads(lib, 1):
         lib.cblas_gemm_bf16bf16f32(
             _ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, x.ctypes.data, k, w.ctypes.data, k,
             0.0, out.ctypes.data, out.strides[0] // 4,
         )  # fmt: skip
-    finally:
-        lib.MKL_Set_Num_Threads_Local(prev)
 
 
 class PackedBF16:
@@ -268,11 +273,8 @@ class PackedBF16:
             out[:, c] = 0.0
             return
         lib = library()
-        prev = lib.MKL_Set_Num_Threads_Local(1)
-        try:
+        with _threads(lib, 1):
             lib.cblas_gemm_bf16bf16f32_compute(
                 _ROW_MAJOR, _NO_TRANS, _PACKED, m, cols, k, 1.0, x.ctypes.data, k,
                 self._buffers[j].ctypes.data, k, 0.0, out[:, c].ctypes.data, out.strides[0] // 4,
             )  # fmt: skip
-        finally:
-            lib.MKL_Set_Num_Threads_Local(prev)
