@@ -140,11 +140,17 @@ def _rows_of(x: np.ndarray, w: np.ndarray, out: np.ndarray, r: slice) -> None:
     mkl.sgemm_rows(x[r], w, out[r])
 
 
+def _packed_rows_of(x: np.ndarray, packed, out: np.ndarray, r: slice) -> None:
+    packed.rows(x[r], 0, out[r])
+
+
 def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
     """(the products' FLOPs, the seconds the fastest float32 GEMM here takes for them: per shape
     the best of 3 of NumPy's BLAS and of MKL's SGEMM (where MKL is found), each at 2 threads and
     at 1; MKL's 2 threads are its own where its library has them (PyTorch's copy), and two
-    threads each running half the rows (the runtime's row ranges) in any case)."""
+    threads each running half the rows (the runtime's row ranges) in any case; and MKL's SGEMM
+    on the weight packed once (where it packs: the float32 mode's own products), on one thread
+    and as two threads of half the rows)."""
     from linstream.ops.model.fla import mkl
     from linstream.ops.model.threads import row_split
     from threadpoolctl import threadpool_limits
@@ -169,6 +175,11 @@ def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
                     halves = row_split(2)
                     rows = functools.partial(_rows_of, x, w, out)
                     gemms.append(functools.partial(halves, rows, t))
+                    if mkl.can_pack(np.float32):
+                        packed = mkl.Packed(w, [slice(0, n)])
+                        gemms.append(functools.partial(packed.rows, x, 0, out))
+                        rows = functools.partial(_packed_rows_of, x, packed, out)
+                        gemms.append(functools.partial(halves, rows, t))
             with threadpool_limits(threads, user_api="blas"):
                 for gemm in gemms:
                     gemm()
@@ -329,7 +340,7 @@ def run_load(folder: str, engine: str) -> dict:
         w = np.ones((64, 64), ml_dtypes.bfloat16)  # the library, and what its products load
         mkl.bf16_rows(w, w, np.empty((64, 64), np.float32))
         if mkl.can_pack():
-            mkl.PackedBF16(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
+            mkl.Packed(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
     before = {k: _status(k) for k in ("VmHWM", "RssAnon")}
     t0 = time.perf_counter()
     model = load_model(folder, compute_dtype="bfloat16")

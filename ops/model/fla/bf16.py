@@ -13,7 +13,7 @@ C-contiguous; the products of one input share its `prepare`d form):
 - "mkl": MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 accumulation and output),
   from Intel's `mkl` package, else the copy PyTorch's CPU library carries (`mkl`: loaded with
   ctypes, torch itself is not imported).  With Intel's package each weight is packed once, at
-  load (`mkl.PackedBF16`, per column range: the mapped weight is then released); PyTorch's copy
+  load (`mkl.Packed`, per column range: the mapped weight is then released); PyTorch's copy
   cannot pack, and reformats the mapped weight at each product (LINSTREAM_BF16_PRODUCTS=
   mkl-mapped asks for that with either library: the weights stay the file's pages, which
   several processes on one machine share).  x is rounded to bfloat16 (to nearest even) once per
@@ -23,8 +23,9 @@ C-contiguous; the products of one input share its `prepare`d form):
 - "widen": the weight is widened to float32 per product (exact: a bfloat16 is a float32 with the
   low 16 bits zero), into a scratch buffer of the calling thread, and multiplied by NumPy's
   float32 BLAS with x as it is: the float32 mode's products on the same weights, bit for bit
-  (memory halved, no speed gained; widening costs 1-3% of a 2,048-row product, 10-25% of a
-  64-row one here).
+  where that mode keeps its weights unpacked (`f32`: where it packs them, within the dot
+  products' rounding); memory halved, no speed gained (widening costs 1-3% of a 2,048-row
+  product, 10-25% of a 64-row one here).
 
 `choose_engine()` picks "mkl" where `/proc/cpuinfo` lists avx512_bf16 or amx_bf16 and the
 library is found, else "widen" (its note says why); LINSTREAM_BF16_PRODUCTS=mkl|mkl-mapped|widen
@@ -88,9 +89,9 @@ class Engine:
 
         return to_bf16(x)
 
-    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.PackedBF16:
+    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.Packed:
         """w [n, k] packed once, per range of its output columns (an engine that `packs`)."""
-        return mkl.PackedBF16(w, ranges)
+        return mkl.Packed(w, ranges)
 
     def rows(self, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         """out = x @ wᵀ for x [t, k] (`prepare`d; float32 is rounded here) and out [t, n]

@@ -32,7 +32,8 @@ The contract (what a family may rely on, and what a compute mode may change):
   stored in the held dtype is kept as the loader handed it (a local file's mapping: not copied);
   any other is converted once, at load.  An engine that `packs` (MKL from Intel's package) packs
   each bfloat16 weight once, per range of its output columns, and the Dense keeps only that
-  (`Dense.packed`: the loader's mapping is let go with its layer).
+  (`Dense.packed`: the loader's mapping is let go with its layer); so does the float32 mode
+  where its products pack (`f32.Float32Products.packs`: MKL, either library).
 - Inside `split_rows(split)` (the runtime's forward) a product's rows run in the ranges of
   `split` (`linstream.ops.model.threads.row_split`: ranges fixed by the number of rows alone,
   BLAS at one thread, each range one call), or for a chunk too short for two row ranges its
@@ -158,7 +159,7 @@ def _widening(rows: Rows) -> Rows:
 
 
 def _packed_calls(
-    x: np.ndarray, packed: mkl.PackedBF16, split: RowSplit | None, *, part: bool = False
+    x: np.ndarray, packed: mkl.Packed, split: RowSplit | None, *, part: bool = False
 ) -> tuple[np.ndarray, list[Call]]:
     """`_calls` for a packed weight: each call one range of rows (`row_ranges`, under a split)
     by one packed range of columns, the same calls whoever runs them (a short chunk's columns
@@ -184,8 +185,9 @@ def _each(calls: Sequence[Call]) -> None:
 
 class Dense:
     """A projection: x [T, in] @ Wᵀ for its weight W [out, in] (a linear layer without bias),
-    held read-only in the compute dtype, or in bfloat16 with the engine that multiplies by it
-    (`packed` once, and the weight not kept, where the engine packs)."""
+    held read-only in the compute dtype, or in bfloat16 with the engine that multiplies by it;
+    `packed` once, and the weight not kept, where the engine packs (bfloat16) or `pack` is
+    given (a float32 weight: the float32 products' `f32.Float32Products.pack`)."""
 
     __slots__ = ("engine", "packed", "rows", "shape", "split", "weight")
 
@@ -196,6 +198,7 @@ class Dense:
         split: bool = True,
         engine: Engine | None = None,
         rows: Rows = blas_rows,
+        pack: Callable[[np.ndarray, list[slice]], mkl.Packed] | None = None,
     ) -> None:
         if weight.dtype == BF16 and engine is None:
             msg = "a bfloat16 weight needs the engine that multiplies by it (bf16.choose_engine)"
@@ -206,12 +209,16 @@ class Dense:
         self.engine = engine if weight.dtype == BF16 else None
         self.split = split
         self.rows = rows  # the float32 products' (and the widening engine's) rows
-        self.packed: mkl.PackedBF16 | None = None
+        self.packed: mkl.Packed | None = None
         self.weight: np.ndarray | None = weight
         if self.engine is not None and self.engine.packs:
+            pack = self.engine.pack
+        elif self.engine is not None or weight.dtype != np.float32:
+            pack = None  # the float32 products' packing is for float32 weights only
+        if pack is not None:
             # per range of the output's columns, as a split runs them (one: split=False)
             cols = row_ranges(self.shape[0]) if split else [slice(0, self.shape[0])]
-            self.packed = self.engine.pack(weight, cols)
+            self.packed = pack(weight, cols)
             self.weight = None  # the loader's array (a mapping) is released with the layer
         elif weight.flags.writeable:
             weight.setflags(write=False)
@@ -380,8 +387,10 @@ class Weights:
 
     def dense(self, tensor: Any, *, split: bool = True) -> Dense:
         """The projection of a weight [out, in] as loaded."""
-        rows = self.f32.rows if self.f32 is not None else blas_rows
-        d = Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows)
+        f32 = self.f32
+        rows = f32.rows if f32 is not None else blas_rows
+        pack = f32.pack if f32 is not None and f32.packs else None  # float32 weights only
+        d = Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows, pack=pack)
         if d.packed is not None:  # a copy in MKL's layout, beside the tensor until it is let go
             self.converted_bytes += d.packed.nbytes
         return d

@@ -3,9 +3,17 @@
     f32 = choose_f32_products()            # by the CPU's vendor (LINSTREAM_F32_PRODUCTS wins)
     f32.name, f32.note                     # "mkl" / "numpy", and the line a load logs
     f32.rows(x, w, out)                    # out = x @ wᵀ for a range of rows (one BLAS call)
+    f32.packs, f32.pack(w, ranges)         # MKL: a float32 weight packed once (`mkl.Packed`)
 
 The float32 mode's products (and the bfloat16 mode's where it widens its weights) run through
-`rows`, one call per range of rows or columns (`dense`).
+`rows`, one call per range of rows or columns (`dense`); where the products `pack`, the float32
+mode's weights are packed at load instead (`dense.Dense`: MKL's SGEMM copied each weight into
+its own layout at every call, a quarter of a float32 forward's time at 64-token chunks here)
+and the loaded arrays let go.  LINSTREAM_F32_PRODUCTS=mkl-mapped keeps the weights as loaded
+(a float32 file's pages stay mapped, shared by the processes that map it).  The widening
+bfloat16 engine multiplies by `rows` (it widens per product and keeps no packed copy): its bits
+are the float32 mode's where that mode does not pack, and within the dot products' rounding of
+them where it does (a packed product blocks its sums otherwise, from k = 1,024 on).
 """
 
 from __future__ import annotations
@@ -37,15 +45,21 @@ def _mkl_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 @dataclass(frozen=True)
 class Float32Products:
     """How the float32 products are formed: `rows` (NumPy's BLAS or MKL's SGEMM, one call per
-    range) and the line a load logs."""
+    range), whether the float32 weights are packed once at load (`packs`, `pack`), and the line
+    a load logs."""
 
     name: str
     rows: Rows
     note: str
+    packs: bool = False
+
+    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.Packed:
+        """A float32 w [n, k] packed once, per range of its output columns."""
+        return mkl.Packed(w, ranges)
 
 
 F32_ENV = "LINSTREAM_F32_PRODUCTS"
-F32_ENGINES = ("auto", "mkl", "numpy")
+F32_ENGINES = ("auto", "mkl", "mkl-mapped", "numpy")
 
 
 def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -59,11 +73,13 @@ def _intel(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def choose_f32_products(
     override: str | None = None, cpuinfo: str = "/proc/cpuinfo"
 ) -> Float32Products:
-    """MKL's SGEMM on an Intel CPU where MKL is found (`mkl`: at 64-128 rows
-    it ran 1.25-1.3× NumPy's OpenBLAS there, 1.02-1.04× at 2,048), else NumPy's BLAS; `override`
-    (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, numpy (mkl where the
-    library is missing: mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by
-    default: it was measured on an Intel one only."""
+    """MKL's SGEMM on an Intel CPU where MKL is found (`mkl`: at 64-128 rows it ran 1.25-1.3×
+    NumPy's OpenBLAS there, 1.02-1.04× at 2,048), its weights packed once at load where the
+    library packs (both MKLs do: 64-row products another 1.2-1.4×), else NumPy's BLAS;
+    `override` (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, mkl, mkl-mapped
+    (MKL on the weights as loaded), numpy (mkl or mkl-mapped where the library is missing:
+    mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by default: it was measured
+    on an Intel one only."""
     want = (override if override is not None else os.environ.get(F32_ENV, "auto")).strip().lower()
     if want not in F32_ENGINES:
         msg = f"{F32_ENV}={want!r}: expected one of {', '.join(F32_ENGINES)}"
@@ -74,7 +90,11 @@ def choose_f32_products(
     try:
         mkl.library()
     except mkl.MKLUnavailable:
-        if want == "mkl":
+        if want != "auto":
             raise
         return numpy
-    return Float32Products("mkl", _mkl_rows, "float32 products by MKL's SGEMM")
+    if want != "mkl-mapped" and mkl.can_pack(np.float32):
+        note = f"float32 products by MKL's SGEMM, the weights packed once at load ({mkl.source()})"
+        return Float32Products("mkl", _mkl_rows, note, packs=True)
+    note = f"float32 products by MKL's SGEMM on the weights as loaded ({mkl.source()})"
+    return Float32Products("mkl", _mkl_rows, note)

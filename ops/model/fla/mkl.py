@@ -4,8 +4,9 @@ is not imported); each call at one MKL thread.
 
     sgemm_rows(x, w, out)        # out = x @ wᵀ: x [m, k], w [n, k] float32, out [m, n] float32
     bf16_rows(xb, wb, out)       # the same with bfloat16 x and w, accumulated in float32
-    packed = PackedBF16(wb, ranges)   # wb's column ranges in MKL's packed form (`can_pack()`)
-    packed.rows(xb, j, out)      # out[:, ranges[j]] = xb @ wb[ranges[j]]ᵀ
+    packed = Packed(w, ranges)   # w's column ranges in MKL's packed form (bfloat16 or
+                                 # float32 w: `can_pack(w.dtype)`)
+    packed.rows(x, j, out)       # out[:, ranges[j]] = x @ w[ranges[j]]ᵀ
     library(), source()          # the loaded library (MKLUnavailable: one line saying why), and
                                  # which one it is, in words
 
@@ -18,14 +19,17 @@ models' shapes: MKL's float32 product ran 1.25-1.3× NumPy's OpenBLAS at 64-128 
 1.02-1.04× at 2,048, with the same results to rounding; its results did not depend on the
 operands' alignment (checked there at every 4-byte offset).
 
-Packing (Intel's package only: PyTorch's copy does not export it): `cblas_gemm_bf16bf16f32`
-reformats its whole weight at every call (there ~0.15 ms for a 768×2,304 weight, a 64-row
-product's third), a packed weight is reformatted once.  Measured there, one thread: 64-row
-products 1.6-1.8× the unpacked ones, 2,048-row ones 1.0-1.4×, the same bits as the unpacked
-product of the same operands, whatever row count the weight was packed for.  MKL asks for a
-buffer of 1.6-8× the weight's bytes and writes the weight's bytes of it (the rest, never
-touched, is address space: each buffer is its own anonymous mapping, so untouched pages take
-no memory).
+Packing: an unpacked product reformats its whole weight at every call (there ~0.15 ms for a
+768×2,304 bfloat16 weight, a 64-row product's third; MKL's float32 copies were a quarter of a
+float32 forward's time at 64-token chunks), a packed weight is reformatted once.  bfloat16:
+Intel's package only (PyTorch's copy does not export `cblas_gemm_bf16bf16f32_pack`); measured
+there, one thread: 64-row products 1.6-1.8× the unpacked ones, 2,048-row ones 1.0-1.4×, the same
+bits as the unpacked product of the same operands, whatever row count the weight was packed for.
+float32 (`cblas_sgemm_pack`, both libraries): 64-row products 1.2-1.4× the unpacked ones,
+2,048-row ones 1.0-1.07×; the same bits as SGEMM's for k below 1,024, not always above (another
+blocking of the sum: within the dot product's rounding bound either way).  MKL asks for a buffer
+of 1.6-8× the weight's bytes and writes the weight's bytes of it (the rest, never touched, is
+address space: each buffer is its own anonymous mapping, so untouched pages take no memory).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import numpy as np
 
 __all__ = [
     "MKLUnavailable",
-    "PackedBF16",
+    "Packed",
     "bf16_rows",
     "can_pack",
     "library",
@@ -56,6 +60,15 @@ _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162  # C
 _SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 _T, _N = ctypes.c_char_p(b"T"), ctypes.c_char_p(b"N")
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
+#: a weight's dtype -> MKL's (pack size, pack, packed product) functions for it
+_PACKING = {
+    "bfloat16": (
+        "cblas_gemm_bf16bf16f32_pack_get_size",
+        "cblas_gemm_bf16bf16f32_pack",
+        "cblas_gemm_bf16bf16f32_compute",
+    ),
+    "float32": ("cblas_sgemm_pack_get_size", "cblas_sgemm_pack", "cblas_sgemm_compute"),
+}
 
 
 class MKLUnavailable(RuntimeError):
@@ -107,13 +120,17 @@ def _loaded() -> tuple[ctypes.CDLL, str]:
         lib.MKL_Set_Threading_Layer.argtypes = [i]
         lib.MKL_Set_Threading_Layer.restype = i
         lib.MKL_Set_Threading_Layer(_SEQUENTIAL)  # before any other call: no OpenMP runtime
-    if hasattr(lib, "cblas_gemm_bf16bf16f32_pack"):
-        lib.cblas_gemm_bf16bf16f32_pack_get_size.argtypes = [i, i, i, i]
-        lib.cblas_gemm_bf16bf16f32_pack_get_size.restype = size
+    for get_size, pack, compute in _PACKING.values():
+        if hasattr(lib, pack):
+            getattr(lib, get_size).argtypes = [i, i, i, i]
+            getattr(lib, get_size).restype = size
+            getattr(lib, pack).restype = getattr(lib, compute).restype = None
+    if hasattr(lib, "cblas_gemm_bf16bf16f32_pack"):  # bfloat16: no alpha at the packing
         lib.cblas_gemm_bf16bf16f32_pack.argtypes = [i, i, i, i, i, i, p, i, p]
-        lib.cblas_gemm_bf16bf16f32_pack.restype = None
         lib.cblas_gemm_bf16bf16f32_compute.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
-        lib.cblas_gemm_bf16bf16f32_compute.restype = None
+    if hasattr(lib, "cblas_sgemm_pack"):  # float32: alpha at the packing, none at the product
+        lib.cblas_sgemm_pack.argtypes = [i, i, i, i, i, i, f, p, i, p]
+        lib.cblas_sgemm_compute.argtypes = [i, i, i, i, i, i, p, i, p, i, f, p, i]
     if package:
         name = f"Intel's mkl package {importlib.metadata.version('mkl')}"
     else:
@@ -131,9 +148,17 @@ def source() -> str:
     return _loaded()[1]
 
 
-def can_pack() -> bool:
-    """Whether the library packs bfloat16 weights (Intel's package does; PyTorch's copy not)."""
-    return hasattr(library(), "cblas_gemm_bf16bf16f32_pack")
+def _kind(dtype: Any) -> str | None:
+    """ "bfloat16" or "float32" for a weight dtype MKL packs (or its name), else None."""
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    return name if name in _PACKING else None
+
+
+def can_pack(dtype: Any = "bfloat16") -> bool:
+    """Whether the library packs weights of this dtype: bfloat16 (Intel's package does,
+    PyTorch's copy not) or float32 (both do)."""
+    kind = _kind(dtype)
+    return kind is not None and hasattr(library(), _PACKING[kind][1])
 
 
 @contextlib.contextmanager
@@ -146,33 +171,45 @@ def _threads(lib: ctypes.CDLL, n: int) -> Iterator[None]:
         lib.MKL_Set_Num_Threads_Local(prev)
 
 
-def _checked(x: np.ndarray, w: np.ndarray, out: np.ndarray, dtype: Any) -> tuple[int, int, int]:
-    m, k = x.shape
-    n = w.shape[0]
+def _checked(x: np.ndarray, w: tuple[int, int], out: np.ndarray, dtype: Any) -> None:
+    """One line unless x [m, k] is C-contiguous in `dtype`, the weight's shape w is [n, k] and
+    out [m, n] float32 with unit column stride (its rows may be a wider array's columns)."""
+    n, k = w
     ok = (
-        x.dtype == w.dtype == dtype
-        and out.dtype == np.float32
-        and w.shape[1] == k
-        and out.shape == (m, n)
+        x.dtype == dtype
+        and x.ndim == 2
+        and x.shape[1] == k
         and x.flags.c_contiguous
-        and w.flags.c_contiguous
+        and out.dtype == np.float32
+        and out.shape == (x.shape[0], n)
         and out.strides[1] == 4
         and out.strides[0] % 4 == 0
     )
     if not ok:
         msg = (
-            f"MKL product: expected C-contiguous {np.dtype(dtype)} x [m, k], w [n, k] and a "
-            f"float32 out [m, n] with unit column stride, got x {x.dtype}{x.shape}, w "
-            f"{w.dtype}{w.shape}, out {out.dtype}{out.shape} strides {out.strides}"
+            f"MKL product: expected a C-contiguous {np.dtype(dtype)} x [m, {k}] and a float32 "
+            f"out [m, {n}] with unit column stride, got x {x.dtype}{x.shape}, out "
+            f"{out.dtype}{out.shape} strides {out.strides}"
         )
         raise ValueError(msg)
-    return m, k, n
+
+
+def _weight(w: np.ndarray) -> tuple[int, int]:
+    if not (w.ndim == 2 and w.flags.c_contiguous):
+        msg = f"MKL product: expected a C-contiguous weight [n, k], got {w.dtype}{w.shape}"
+        raise ValueError(msg)
+    return int(w.shape[0]), int(w.shape[1])
 
 
 def sgemm_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int = 1) -> None:
     """out = x @ wᵀ in float32 by MKL (x [m, k], w [n, k], out [m, n]); threads: MKL's for
     this call (the runtime's are 1: its ranges are its threads)."""
-    m, k, n = _checked(x, w, out, np.float32)
+    n, k = _weight(w)
+    _checked(x, (n, k), out, np.float32)
+    if w.dtype != np.float32:
+        msg = f"MKL's SGEMM: expected a float32 weight, got {w.dtype}{w.shape}"
+        raise ValueError(msg)
+    m = x.shape[0]
     if m == 0 or n == 0:
         return
     if k == 0:
@@ -190,7 +227,9 @@ def sgemm_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray, threads: int = 1) 
 def bf16_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """out = x @ wᵀ for bfloat16 x [m, k] and w [n, k], accumulated in float32 by MKL at one
     thread (its AVX512_BF16 / AMX-BF16 kernels where the CPU has them)."""
-    m, k, n = _checked(x, w, out, w.dtype)
+    n, k = _weight(w)
+    _checked(x, (n, k), out, w.dtype)
+    m = x.shape[0]
     if m == 0 or n == 0:
         return
     if k == 0:
@@ -204,77 +243,82 @@ def bf16_rows(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         )  # fmt: skip
 
 
-class PackedBF16:
-    """A bfloat16 weight [n, k] in MKL's packed form, one buffer per column range (`ranges`:
-    ranges of its n output columns, as the runtime's column ranges are), packed once; the
-    weight itself is not kept."""
+#: the row count MKL is told a packed weight's products will have: 1,024 ran 64-row products
+#: as fast as 64 did and 1,024-row ones 1.0-1.1× as fast (one thread, the ~110M models' shapes,
+#: both dtypes), with the same bits
+_HINT = 1024
 
-    __slots__ = ("_buffers", "k", "n", "ranges")
+
+def _buffer(size: int) -> np.ndarray:
+    """A buffer of `size` bytes in its own anonymous private mapping: the pages MKL never
+    writes are never taken.  (Transparent huge pages for the written part, as NumPy asks for its
+    large arrays, made no difference to a packed product's speed here.)"""
+    return np.frombuffer(mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE), np.uint8)
+
+
+class Packed:
+    """A weight [n, k] (bfloat16 or float32) in MKL's packed form, one buffer per column range
+    (`ranges`: ranges of its n output columns, as the runtime's column ranges are), packed
+    once; the weight itself is not kept."""
+
+    __slots__ = ("_buffers", "_compute", "dtype", "k", "n", "ranges")
 
     def __init__(self, w: np.ndarray, ranges: Sequence[slice]) -> None:
-        lib = library()
-        if not can_pack():
-            msg = f"{source()} cannot pack bfloat16 weights (Intel's mkl package can)"
-            raise MKLUnavailable(msg)
-        n, k = (int(d) for d in w.shape)
-        if not (w.dtype.itemsize == 2 and w.flags.c_contiguous and w.ndim == 2):
-            msg = f"MKL packing: expected a C-contiguous bfloat16 [n, k], got {w.dtype}{w.shape}"
+        kind = _kind(w.dtype)
+        if kind is None:
+            msg = f"MKL packing: expected a bfloat16 or float32 weight, got {w.dtype}{w.shape}"
             raise ValueError(msg)
-        self.n, self.k, self.ranges = n, k, tuple(ranges)
+        if not can_pack(kind):
+            msg = f"{source()} cannot pack {kind} weights (Intel's mkl package can)"
+            raise MKLUnavailable(msg)
+        lib = library()
+        self.n, self.k = _weight(w)
+        self.dtype, self.ranges = w.dtype, tuple(ranges)
+        get_size, pack, compute = (getattr(lib, name) for name in _PACKING[kind])
+        self._compute = compute
+        k = self.k
+        alpha = (1.0,) if kind == "float32" else ()  # sgemm_pack scales by alpha as it packs
         buffers = []
         for c in self.ranges:
             part = w[c]
             rows = int(part.shape[0])
-            size = int(lib.cblas_gemm_bf16bf16f32_pack_get_size(_B_MATRIX, 64, rows, k))
-            # its own anonymous mapping: the pages MKL never writes are never taken
-            buf = np.frombuffer(mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE), np.uint8)
+            size = int(get_size(_B_MATRIX, _HINT, rows, k))
+            buf = _buffer(size)
             if rows and k:
-                lib.cblas_gemm_bf16bf16f32_pack(
-                    _ROW_MAJOR, _B_MATRIX, _TRANS, 64, rows, k, part.ctypes.data, k,
-                    buf.ctypes.data,
-                )  # fmt: skip
+                pack(_ROW_MAJOR, _B_MATRIX, _TRANS, _HINT, rows, k, *alpha, part.ctypes.data, k,
+                     buf.ctypes.data)  # fmt: skip
             buffers.append(buf)
         self._buffers = tuple(buffers)
 
     @property
     def nbytes(self) -> int:
         """The weight's bytes (what the packed form takes of its buffers)."""
-        return 2 * self.n * self.k
+        return self.dtype.itemsize * self.n * self.k
 
     def arrays(self) -> list[np.ndarray]:
         """Each buffer's first bytes, as many as its part of the weight takes: what the
         packed weight holds (for the model's held bytes)."""
+        size = self.dtype.itemsize * self.k
         return [
-            b[: 2 * (c.stop - c.start) * self.k]
-            for b, c in zip(self._buffers, self.ranges, strict=True)
+            b[: size * (c.stop - c.start)] for b, c in zip(self._buffers, self.ranges, strict=True)
         ]
 
     def rows(self, x: np.ndarray, j: int, out: np.ndarray) -> None:
-        """out[:, ranges[j]] = x @ w[ranges[j]]ᵀ for bfloat16 x [m, k] (C-contiguous) and a
-        float32 out [m, n] with unit column stride, at one MKL thread."""
+        """out[:, ranges[j]] = x @ w[ranges[j]]ᵀ for x [m, k] in the weight's dtype
+        (C-contiguous) and a float32 out [m, n] with unit column stride, at one MKL thread."""
+        _checked(x, (self.n, self.k), out, self.dtype)
         c = self.ranges[j]
         m, k = x.shape
         cols = c.stop - c.start
-        ok = (
-            x.dtype.itemsize == 2 and x.dtype != np.float16 and x.flags.c_contiguous
-            and k == self.k and out.dtype == np.float32 and out.shape == (m, self.n)
-            and out.strides[1] == 4 and out.strides[0] % 4 == 0
-        )  # fmt: skip
-        if not ok:
-            msg = (
-                f"MKL packed product: expected a C-contiguous bfloat16 x [m, {self.k}] and a "
-                f"float32 out [m, {self.n}] with unit column stride, got x {x.dtype}{x.shape}, "
-                f"out {out.dtype}{out.shape} strides {out.strides}"
-            )
-            raise ValueError(msg)
         if m == 0 or cols == 0:
             return
         if k == 0:
             out[:, c] = 0.0
             return
-        lib = library()
-        with _threads(lib, 1):
-            lib.cblas_gemm_bf16bf16f32_compute(
-                _ROW_MAJOR, _NO_TRANS, _PACKED, m, cols, k, 1.0, x.ctypes.data, k,
-                self._buffers[j].ctypes.data, k, 0.0, out[:, c].ctypes.data, out.strides[0] // 4,
+        ldc = out.strides[0] // 4
+        args = (m, cols, k) if self.dtype == np.float32 else (m, cols, k, 1.0)
+        with _threads(library(), 1):
+            self._compute(
+                _ROW_MAJOR, _NO_TRANS, _PACKED, *args, x.ctypes.data, k,
+                self._buffers[j].ctypes.data, k, 0.0, out[:, c].ctypes.data, ldc,
             )  # fmt: skip

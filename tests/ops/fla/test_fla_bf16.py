@@ -18,11 +18,15 @@ machine whatever its CPU (LINSTREAM_BF16_PRODUCTS forces one):
   are not rounded (the widening engine's error is float32's, ~1e-6 of the rounding's); the
   upper when more is rounded (outputs too) or the weights or the arithmetic are wrong.
 - "widen" (CPUs without the instructions): the float32 mode's products on the same bfloat16
-  weights, so its outputs and states must be the float32 mode's, bit for bit.
+  weights, so its outputs and states must be the float32 mode's, bit for bit, where that mode
+  keeps its weights unpacked (LINSTREAM_F32_PRODUCTS=mkl-mapped, or NumPy's BLAS: a packed
+  float32 product may block its sum otherwise).
 
 Memory and files: a bfloat16 folder in the bfloat16 mode (and a float32 folder in the float32
-mode) keeps the products' weights and the embedding as mapped pages of the file (the load report
-says how much, a second process's high-water mark shows no copy); the fingerprint is the same in
+mode), with an engine that does not pack, keeps the products' weights and the embedding as
+mapped pages of the file (the load report says how much, a second process's high-water mark
+shows no copy); packed, the products' weights take their bytes of anonymous memory and no more,
+and the embedding stays mapped; the fingerprint is the same in
 every mode and from a URL, and it is the SHA-256 of the bytes the safetensors library reads.
 """
 
@@ -40,6 +44,7 @@ import pytest
 from helpers.fla_folders import TINY_CONFIGS, write_folder
 from helpers.streaming import stream_hidden_states
 from linstream.ops.model.fla import ModelFolderError, load_model
+from linstream.ops.model.fla.f32 import F32_ENV
 
 pytestmark = pytest.mark.e2e  # subprocesses and fla's models: `make check` leaves it out
 
@@ -107,6 +112,7 @@ def test_widened_bfloat16_is_the_float32_mode_bit_for_bit(tmp_path, family, monk
     """300 tokens: a chunk of two row ranges (the products' ranges), split as a stream."""
     folder = write_folder(tmp_path / family, TINY_CONFIGS[family], dtype="BF16", seed=5)
     ids = np.random.default_rng(SEED).integers(0, 50, 400)
+    monkeypatch.setenv(F32_ENV, _mapping_engine("float32"))  # float32 products unpacked
     f32 = load_model(folder)
     monkeypatch.setenv(ENV, "widen")
     b16 = load_model(folder, compute_dtype="bfloat16")
@@ -155,8 +161,9 @@ _MEMORY_SCRIPT = textwrap.dedent(
     import json, os, sys
     import ml_dtypes
     import numpy as np
-    if len(sys.argv) > 3:
-        os.environ["LINSTREAM_BF16_PRODUCTS"] = sys.argv[3]
+    for setting in sys.argv[3:]:  # VARIABLE=engine
+        name, _, value = setting.partition("=")
+        os.environ[name] = value
     from linstream.ops.model.fla import load_model, mkl
     import linstream.ops.model.fla.gla  # the modules a load imports (Numba: ~100 MiB) first
 
@@ -165,7 +172,10 @@ _MEMORY_SCRIPT = textwrap.dedent(
         w = np.ones((64, 64), ml_dtypes.bfloat16)  # and the code its products and packing load
         mkl.bf16_rows(w, w, np.empty((64, 64), np.float32))
         if mkl.can_pack():
-            mkl.PackedBF16(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
+            mkl.Packed(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
+        w = np.ones((64, 64), np.float32)
+        if mkl.can_pack(np.float32):
+            mkl.Packed(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
     except mkl.MKLUnavailable:
         pass
 
@@ -186,7 +196,8 @@ _MEMORY_SCRIPT = textwrap.dedent(
 
 def _memory_of_a_load(tmp_path: Path, stored: str, mode: str, engine: str = "") -> dict:
     """A 45M-parameter GLA folder (12 layers, hidden 512, vocabulary 8,000) loaded in a fresh
-    process: how its memory grew, and the load's report."""
+    process: how its memory grew, and the load's report; engine: "VARIABLE=engine" (the
+    bfloat16 or the float32 products' variable), or none."""
     cfg = {"model_type": "gla", "hidden_size": 512, "num_hidden_layers": 12, "num_heads": 4,
            "vocab_size": 8000, "use_short_conv": True}  # fmt: skip
     folder = write_folder(tmp_path / "m", cfg, dtype=stored, shards=2)
@@ -199,23 +210,26 @@ def _memory_of_a_load(tmp_path: Path, stored: str, mode: str, engine: str = "") 
     return r
 
 
-def _mapping_engine() -> str:
-    """A bfloat16 engine that keeps the mapped weights: MKL's unpacked products where the
-    library is found, else the widening one."""
+def _mapping_engine(mode: str = "bfloat16") -> str:
+    """An engine of the mode that keeps the mapped weights: MKL's unpacked products where the
+    library is found, else the widening one (bfloat16) or NumPy's BLAS (float32)."""
     from linstream.ops.model.fla import mkl
 
     try:
         mkl.library()
     except mkl.MKLUnavailable:
-        return "widen"
+        return "widen" if mode == "bfloat16" else "numpy"
     return "mkl-mapped"
+
+
+_VARIABLE = {"bfloat16": ENV, "float32": F32_ENV}
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
 @pytest.mark.parametrize(("stored", "mode"), [("BF16", "bfloat16"), ("F32", "float32")])
 def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     """A 45M-parameter folder loaded in a fresh process (its modules imported first) in the mode
-    that holds its stored dtype (bfloat16: with an engine that does not pack, `_mapping_engine`):
+    that holds its stored dtype, with an engine that does not pack (`_mapping_engine`):
     the products' weights and the embedding stay the file's mapped
     pages (the load converts nothing), so the process's anonymous memory (what a copy would
     take; the file's pages are shared and can be dropped and re-read) grows by less than half a
@@ -226,7 +240,7 @@ def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     the embedding (7.8 / 15.6 MiB), so a slack of half a layer catches any copy and leaves room
     for what the load allocates besides (the small tensors as float32 arrays, Python objects:
     measured here ~1.2 MB in both modes).  The peak is within 1.1x the weights as held."""
-    r = _memory_of_a_load(tmp_path, stored, mode, _mapping_engine() if mode == "bfloat16" else "")
+    r = _memory_of_a_load(tmp_path, stored, mode, f"{_VARIABLE[mode]}={_mapping_engine(mode)}")
     # the small tensors (norms, biases, short convs: 0.3% of the bytes) are new float32 arrays
     assert r["held"] <= r["disk"] * 1.01 and r["held"] - r["mapped"] < r["held"] // 100
     assert r["transient"] == 0
@@ -238,19 +252,22 @@ def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status")
-def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path):
-    """The same folder in the bfloat16 mode with MKL packing its weights (Intel's package): the
+@pytest.mark.parametrize(("stored", "mode"), [("BF16", "bfloat16"), ("F32", "float32")])
+def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path, stored, mode):
+    """The same folder in the mode that holds its stored dtype, with MKL packing its weights
+    (bfloat16: Intel's package; float32: either library): the
     products' weights are MKL's packed copies, which take the weights' bytes of anonymous memory
     and no more (MKL asks for buffers of 1.6-8x the weight, untouched beyond it: a buffer taken
-    whole would show as 0.6x the products' bytes or more), the embedding alone stays mapped, the
+    whole would show as 0.6x the products' bytes or more; the huge pages asked for lie within
+    the bytes MKL writes), the embedding alone stays mapped, the
     file's pages of a layer's products are let go once it is packed (the file-backed memory
     grows by the embedding and less than a layer more), and the peak holds one layer's mapped
     pages beside the packed weights at most, as the load reports (here 1.12x the weights as
     held: a layer is 1/12 of them; the benchmark's 1.3B model has 24)."""
-    if not _packing():
-        pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
-    r = _memory_of_a_load(tmp_path, "BF16", "bfloat16", "mkl")
-    embed = 8000 * 512 * 2
+    if not _packing(mode):
+        pytest.skip(f"MKL cannot pack {mode} weights here (Intel's mkl package is not installed)")
+    r = _memory_of_a_load(tmp_path, stored, mode, f"{_VARIABLE[mode]}=mkl")
+    embed = 8000 * 512 * (2 if mode == "bfloat16" else 4)
     small = r["held"] - r["disk"]  # none: the small tensors are float32 copies of bfloat16 ones
     products = r["held"] - embed
     layer = products // 12
@@ -266,11 +283,11 @@ def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path):
     assert r["VmHWM"] <= end + r["transient"] + (1 << 20), (layer, r)
 
 
-def _packing() -> bool:
+def _packing(mode: str = "bfloat16") -> bool:
     from linstream.ops.model.fla import mkl
 
     try:
-        return mkl.can_pack()
+        return mkl.can_pack(mode)
     except mkl.MKLUnavailable:
         return False
 
@@ -284,7 +301,11 @@ def test_the_bfloat16_mode_holds_half_the_float32_modes_bytes(tmp_path, monkeypa
     monkeypatch.setenv(ENV, "mkl" if packed else _mapping_engine())
     f32, b16 = load_model(folder), load_model(folder, compute_dtype="bfloat16")
     assert ("packed once at load" in b16.load_report.products) == packed
-    small = sum(a.nbytes for a in f32.held_arrays() if a.ndim < 2 or a.shape[-1] < 8)
+    small = sum(  # the small tensors (norms, biases, convolutions; not packed bytes)
+        a.nbytes
+        for a in f32.held_arrays()
+        if a.dtype.kind == "f" and (a.ndim < 2 or a.shape[-1] < 8)
+    )
     assert b16.load_report.held_bytes == (f32.load_report.held_bytes - small) // 2 + small
     assert f32.load_report.mapped_bytes == 0  # widened at load: held, not mapped
     embed = b16._embed.nbytes

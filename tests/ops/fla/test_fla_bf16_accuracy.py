@@ -10,9 +10,10 @@ hidden states' rms, and the largest difference.
 
 Tolerances, derived from two facts the other tests establish:
 
-- "widen" (CPUs without bfloat16 instructions, this one): L is the float32 mode's bits
-  (test_fla_bf16.py), which stay within 8 · e32 of F64 in every hidden state (test_fla_oracle.py:
-  fla's own float32 error e32 = max|F32 − F64|, times 8 for another summation order).  So
+- "widen" (CPUs without bfloat16 instructions): L is the float32 mode's bits on unpacked
+  weights (test_fla_bf16.py), which stay within 8 · e32 of F64 in every hidden state
+  (test_fla_oracle.py: fla's own float32 error e32 = max|F32 − F64|, times 8 for another
+  summation order; packed and unpacked products differ only in their sums' order).  So
   max|L − F32| ≤ max|L − F64| + max|F64 − F32| ≤ (8 + 1) · e32.  Fails when the mode rounds
   anything (its error is then the rounding's, ~1e3 × e32 here).
 - "mkl" (the CPU's bfloat16 instructions; forced here, where MKL widens itself): every product's

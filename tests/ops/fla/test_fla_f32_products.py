@@ -1,20 +1,22 @@
 """The float32 mode's products by MKL's SGEMM (`linstream.ops.model.fla.mkl`, chosen by
 `f32.choose_f32_products`: MKL on an Intel CPU where MKL is found, NumPy's
-BLAS elsewhere; LINSTREAM_F32_PRODUCTS=auto|mkl|numpy forces one), as a user meets them: the
-load's line says which ran, a forward's bits do not depend on the thread count, and its hidden
-states are the NumPy engine's to float32 rounding.  Skipped where the library is missing (the
+BLAS elsewhere; MKL's with each weight packed once at load, or on the weights as loaded with
+LINSTREAM_F32_PRODUCTS=mkl-mapped; auto|mkl|mkl-mapped|numpy forces one), as a user meets them:
+the load's line says which ran, a forward's bits do not depend on the thread count, and its
+hidden states are the NumPy engine's to float32 rounding.  Skipped where the library is missing (the
 NumPy engine is then the only one, and every other test runs it).
 
 Tolerances:
 - one product: each element of x @ wᵀ summed in float32 in any order is within
   γ_k · Σ_j |x_j w_j| of the exact sum, γ_k = k·u / (1 − k·u), u = 2⁻²⁴ (Higham's bound for
   a dot product of length k; it holds for every order and blocking a BLAS may choose).
-- a forward: both engines compute the same float32 forward and differ only in the order of the
-  products' sums, so each one's error against the float64 mode is float32 rounding carried
-  through the same layers; their errors are of one size (measured here: the MKL engine's rms
-  error over the NumPy engine's 0.99-1.02 over the families below), bounded at 3× the NumPy
-  engine's.  A wrong product (a transposed weight, a column range missed or written twice)
-  moves the hidden states by O(1) and fails it by orders of magnitude.
+- a forward: the engines compute the same float32 forward and differ only in the order of the
+  products' sums (a packed weight's products block theirs as MKL chooses), so each one's error
+  against the float64 mode is float32 rounding carried through the same layers; their errors
+  are of one size (measured here: the MKL engines' rms error over the NumPy engine's 0.99-1.02
+  over the families below), bounded at 3× the NumPy engine's.  A wrong product (a transposed
+  weight, a column range missed or written twice) moves the hidden states by O(1) and fails it
+  by orders of magnitude.
 """
 
 from __future__ import annotations
@@ -59,21 +61,22 @@ def test_one_mkl_product_is_within_the_dot_products_rounding_bound():
         mkl.sgemm_rows(x[:half], w, rows[:half])
         mkl.sgemm_rows(x[half:], w, rows[half:])
         assert np.all(np.abs(rows - exact) <= bound), (m, k, n)
-    with pytest.raises(ValueError, match="expected C-contiguous float32 x") as info:
+    with pytest.raises(ValueError, match="expected a C-contiguous float32 x") as info:
         mkl.sgemm_rows(x.T, w, np.empty((k, n), np.float32))
     assert "\n" not in str(info.value)
 
 
-def test_the_mkl_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["mkl", "mkl-mapped"])
+def test_the_mkl_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkeypatch, engine):
     """The products run in the runtime's ranges with MKL at one thread: the same bits on 1, 2
     or 3 threads (a 100-token chunk: its products' columns in ranges; then a 4,400-token chunk:
-    four row ranges)."""
+    four row ranges), the weights packed or as loaded."""
     from linstream.ops.model import blas
 
     _mkl_or_skip()
     cfg = {**TINY_CONFIGS["gla"], "hidden_size": 128, "num_heads": 2}
     folder = write_folder(tmp_path / "m", cfg, dtype="BF16")
-    monkeypatch.setenv(F32_ENV, "mkl")
+    monkeypatch.setenv(F32_ENV, engine)
     model = load_model(folder)
     ids = np.random.default_rng(3).integers(0, 50, 4400)
     for chunk in (ids[:100], ids):
@@ -90,8 +93,9 @@ def test_the_mkl_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkey
 @pytest.mark.parametrize("family", ["gla", "delta_net", "rwkv7", "mamba2"])
 def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeypatch):
     """300 tokens split as a stream (a chunk of two row ranges, short chunks of column ranges):
-    each engine's error against the float64 mode, the MKL engine's within 3× the NumPy
-    engine's (module docstring), and not its bits (the MKL engine really ran)."""
+    each engine's error against the float64 mode, the MKL engines' (packed weights, and the
+    weights as loaded) within 3× the NumPy engine's (module docstring), and not its bits (MKL
+    really ran)."""
     _mkl_or_skip()
     if family not in TINY_CONFIGS:
         pytest.skip(f"no tiny {family} config")
@@ -100,10 +104,15 @@ def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeyp
     bounds = [0, 1, 60, 360, 400]
     exact, _ = stream_hidden_states(load_model(folder, compute_dtype="float64"), ids, bounds)
     got = {}
-    for engine in ("numpy", "mkl"):
+    lines = {
+        "numpy": "by NumPy's BLAS",
+        "mkl": "the weights packed once at load" if mkl.can_pack(np.float32) else "as loaded",
+        "mkl-mapped": "by MKL's SGEMM on the weights as loaded",
+    }
+    for engine, line in lines.items():
         monkeypatch.setenv(F32_ENV, engine)
         model = load_model(folder)
-        assert engine.upper() in model.load_report.products.upper()
+        assert line in model.load_report.products
         got[engine], _ = stream_hidden_states(model, ids, bounds)
 
     def rms(a):
@@ -111,8 +120,9 @@ def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeyp
 
     err = {e: rms(np.concatenate(h) - np.concatenate(exact)) for e, h in got.items()}
     print(family, err)
-    assert 0 < err["mkl"] <= 3 * err["numpy"]
-    assert not all(np.array_equal(a, b) for a, b in zip(got["mkl"], got["numpy"], strict=True))
+    for engine in ("mkl", "mkl-mapped"):
+        assert 0 < err[engine] <= 3 * err["numpy"]
+        assert not all(np.array_equal(a, b) for a, b in zip(got[engine], got["numpy"], strict=True))
 
 
 def test_the_engine_is_chosen_by_the_cpu_and_the_variable(tmp_path, monkeypatch):
@@ -131,8 +141,11 @@ def test_the_engine_is_chosen_by_the_cpu_and_the_variable(tmp_path, monkeypatch)
         with pytest.raises(mkl.MKLUnavailable):
             choose_f32_products("mkl", str(amd))
     else:
-        assert choose_f32_products("auto", str(intel)).name == "mkl"
+        auto = choose_f32_products("auto", str(intel))
+        assert auto.name == "mkl" and auto.packs == mkl.can_pack(np.float32)
         assert choose_f32_products("mkl", str(amd)).name == "mkl"
+        mapped = choose_f32_products("mkl-mapped", str(intel))
+        assert mapped.name == "mkl" and not mapped.packs
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["gla"])
     monkeypatch.setenv(F32_ENV, "numpy")
     assert "float32 products by NumPy's BLAS" in str(load_model(folder).load_report)
@@ -140,7 +153,8 @@ def test_the_engine_is_chosen_by_the_cpu_and_the_variable(tmp_path, monkeypatch)
     with pytest.raises(ModelFolderError) as info:
         load_model(folder)
     msg = str(info.value)
-    assert "\n" not in msg and f"{F32_ENV}='fast': expected one of auto, mkl, numpy" in msg
+    assert "\n" not in msg
+    assert f"{F32_ENV}='fast': expected one of auto, mkl, mkl-mapped, numpy" in msg
     monkeypatch.delenv(F32_ENV)
     texts = write_texts(tmp_path / "texts", {"a.txt": "hello"})
     done = linstream(

@@ -1,15 +1,17 @@
-"""The bfloat16 mode's packed products (`mkl.PackedBF16`: Intel's mkl package packs each weight
-once, at load), as a user meets them: the load's line says the weights are packed, the products
-are within the rounding bound of the exact product of the bfloat16 operands, a forward's bits do
-not depend on the thread count, and its hidden states are the unpacked engine's to float32
-rounding.  Where the library cannot pack (PyTorch's copy of MKL) the engine says so and keeps
-the mapped weights.  Skipped where Intel's package is not installed.
+"""The packed products (`mkl.Packed`: MKL packs each weight once, at load; bfloat16 weights with
+Intel's mkl package, float32 ones with either library), as a user meets them: the load's line
+says the weights are packed, the products are within the rounding bound of the exact product of
+the operands, a forward's bits do not depend on the thread count, and its hidden states are the
+unpacked engine's to float32 rounding.  Where the library cannot pack bfloat16 weights
+(PyTorch's copy of MKL) the engine says so and keeps the mapped weights; it still packs the
+float32 mode's.  Skipped where the library cannot pack (the float32 forward's packed and
+unpacked engines: tests/ops/fla/test_fla_f32_products.py).
 
 Tolerances:
-- one product: x and w are bfloat16 values (exact in float32 and float64), so MKL's float32 sum
-  of the k products x_j·w_j (each exact in float32: 8-bit significands) is within
-  γ_k · Σ_j |x_j w_j| of the exact sum, γ_k = k·u / (1 − k·u), u = 2⁻²⁴, whatever its order and
-  blocking (Higham's bound for a dot product).
+- one product: MKL's float32 dot product of length k (bfloat16 operands: each x_j·w_j exact in
+  float32; float32 ones: each rounded once) is within γ_k · Σ_j |x_j w_j| of the exact one,
+  γ_k = k·u / (1 − k·u), u = 2⁻²⁴, whatever its order and blocking (Higham's bound for a dot
+  product).
 - a forward: packed and unpacked products sum the same bfloat16 operands in float32, so they
   differ by float32 rounding, and where that moves a product's output across a bfloat16
   rounding boundary, by one rounding of the next product's input: both far below the mode's own
@@ -35,32 +37,40 @@ SEED = 20261205
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
+def _can_pack(dtype: str) -> bool:
+    try:
+        return mkl.can_pack(dtype)
+    except mkl.MKLUnavailable:
+        return False
+
+
 @pytest.fixture
 def packing() -> None:
-    try:
-        if mkl.can_pack():
-            return
-    except mkl.MKLUnavailable:
-        pass
-    pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
+    if not _can_pack("bfloat16"):
+        pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
 
 
-def test_packed_products_are_within_the_dot_products_rounding_bound(packing):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_packed_products_are_within_the_dot_products_rounding_bound(dtype):
     """Column ranges packed apart and written into a wider output, row ranges of a bigger x,
     k from 1 to 2,000, 1 to 2,048 rows; a layout MKL cannot take is one line."""
+    if not _can_pack(dtype):
+        pytest.skip(f"MKL cannot pack {dtype} weights here")
+    dt = BF16 if dtype == "bfloat16" else np.dtype(np.float32)
+    unpacked_rows = mkl.bf16_rows if dtype == "bfloat16" else mkl.sgemm_rows
     rng = np.random.default_rng(SEED)
     print("seed", SEED)
     u = 2.0**-24
     for m, k, n in [(1, 1, 1), (3, 7, 5), (64, 768, 300), (200, 2000, 64), (2048, 96, 130)]:
-        x = rng.standard_normal((m + 2, k), dtype=np.float32).astype(BF16)
-        w = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
+        x = rng.standard_normal((m + 2, k), dtype=np.float32).astype(dt)
+        w = rng.standard_normal((n, k), dtype=np.float32).astype(dt)
         xs = x[1 : m + 1]  # a range of a bigger array's rows
         x64, w64 = xs.astype(np.float64), w.astype(np.float64)
         exact = x64 @ w64.T
         bound = (k * u / (1 - k * u)) * (np.abs(x64) @ np.abs(w64).T)
         cuts = [0, n // 3, n // 3, n]  # one range empty
         ranges = [slice(a, b) for a, b in itertools.pairwise(cuts)]
-        packed = mkl.PackedBF16(w, ranges)
+        packed = mkl.Packed(w, ranges)
         assert packed.nbytes == w.nbytes
         assert sum(a.nbytes for a in packed.arrays()) == w.nbytes
         wide = np.full((m, n), np.nan, np.float32)
@@ -68,9 +78,9 @@ def test_packed_products_are_within_the_dot_products_rounding_bound(packing):
             packed.rows(xs, j, wide)
         assert np.all(np.abs(wide - exact) <= bound), (m, k, n)
         unpacked = np.empty((m, n), np.float32)
-        mkl.bf16_rows(np.ascontiguousarray(xs), w, unpacked)
+        unpacked_rows(np.ascontiguousarray(xs), w, unpacked)
         assert np.all(np.abs(unpacked - exact) <= bound), (m, k, n)
-    with pytest.raises(ValueError, match="expected a C-contiguous bfloat16 x") as info:
+    with pytest.raises(ValueError, match=f"expected a C-contiguous {dtype} x") as info:
         packed.rows(x.T, 0, np.empty((k, n), np.float32))
     assert "\n" not in str(info.value)
 
@@ -105,7 +115,8 @@ def _rms(a: np.ndarray) -> float:
 
 
 def test_a_library_that_cannot_pack_keeps_the_mapped_weights(tmp_path, monkeypatch):
-    """PyTorch's copy of MKL has no packing: the engine says so and the weights stay mapped."""
+    """PyTorch's copy of MKL has no bfloat16 packing: the engine says so and the weights stay
+    mapped; it packs float32 weights (the float32 mode's line says so)."""
     pytest.importorskip("torch")
     monkeypatch.setattr(mkl, "_package_library", lambda: None)
     mkl._loaded.cache_clear()
@@ -117,5 +128,8 @@ def test_a_library_that_cannot_pack_keeps_the_mapped_weights(tmp_path, monkeypat
         line = model.load_report.products
         assert "the mapped weights reformatted at each product (PyTorch's CPU library)" in line
         assert model.load_report.mapped_bytes > model.load_report.held_bytes * 0.9
+        assert mkl.can_pack(np.float32)
+        line = load_model(folder).load_report.products
+        assert "the weights packed once at load (PyTorch's CPU library)" in line
     finally:
         mkl._loaded.cache_clear()
