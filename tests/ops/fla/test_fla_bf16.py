@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.fla_folders import TINY_CONFIGS, write_folder
+from helpers.mkl_engines import can_pack, mapping_engine
 from helpers.streaming import stream_hidden_states
 from linstream.ops.model.fla import ModelFolderError, load_model
 from linstream.ops.model.fla.f32 import F32_ENV
@@ -112,7 +113,7 @@ def test_widened_bfloat16_is_the_float32_mode_bit_for_bit(tmp_path, family, monk
     """300 tokens: a chunk of two row ranges (the products' ranges), split as a stream."""
     folder = write_folder(tmp_path / family, TINY_CONFIGS[family], dtype="BF16", seed=5)
     ids = np.random.default_rng(SEED).integers(0, 50, 400)
-    monkeypatch.setenv(F32_ENV, _mapping_engine("float32"))  # float32 products unpacked
+    monkeypatch.setenv(F32_ENV, mapping_engine("float32"))  # float32 products unpacked
     f32 = load_model(folder)
     monkeypatch.setenv(ENV, "widen")
     b16 = load_model(folder, compute_dtype="bfloat16")
@@ -210,18 +211,6 @@ def _memory_of_a_load(tmp_path: Path, stored: str, mode: str, engine: str = "") 
     return r
 
 
-def _mapping_engine(mode: str = "bfloat16") -> str:
-    """An engine of the mode that keeps the mapped weights: MKL's unpacked products where the
-    library is found, else the widening one (bfloat16) or NumPy's BLAS (float32)."""
-    from linstream.ops.model.fla import mkl
-
-    try:
-        mkl.library()
-    except mkl.MKLUnavailable:
-        return "widen" if mode == "bfloat16" else "numpy"
-    return "mkl-mapped"
-
-
 _VARIABLE = {"bfloat16": ENV, "float32": F32_ENV}
 
 
@@ -229,18 +218,18 @@ _VARIABLE = {"bfloat16": ENV, "float32": F32_ENV}
 @pytest.mark.parametrize(("stored", "mode"), [("BF16", "bfloat16"), ("F32", "float32")])
 def test_weights_stored_as_held_are_mapped_not_copied(tmp_path, stored, mode):
     """A 45M-parameter folder loaded in a fresh process (its modules imported first) in the mode
-    that holds its stored dtype, with an engine that does not pack (`_mapping_engine`):
-    the products' weights and the embedding stay the file's mapped
-    pages (the load converts nothing), so the process's anonymous memory (what a copy would
+    that holds its stored dtype, with an engine that does not pack
+    (`helpers.mkl_engines.mapping_engine`): the products' weights and the embedding stay the file's
+    mapped pages (the load converts nothing), so the process's anonymous memory (what a copy would
     take; the file's pages are shared and can be dropped and re-read) grows by less than half a
     layer, its file-backed memory by the weights it touched (all of them: hashed and checked as
-    read), and its high-water mark by the held weights and less than half a layer more (no
-    moment holds a second copy).  Bound: the smallest copy a wrong load could make is one
-    layer's products ((held − embedding) / 12 layers: 6.5 MiB in bfloat16, 13 in float32) or
-    the embedding (7.8 / 15.6 MiB), so a slack of half a layer catches any copy and leaves room
-    for what the load allocates besides (the small tensors as float32 arrays, Python objects:
-    measured here ~1.2 MB in both modes).  The peak is within 1.1x the weights as held."""
-    r = _memory_of_a_load(tmp_path, stored, mode, f"{_VARIABLE[mode]}={_mapping_engine(mode)}")
+    read), and its high-water mark by the held weights and less than half a layer more (no moment
+    holds a second copy). Bound: the smallest copy a wrong load could make is one layer's products
+    ((held − embedding) / 12 layers: 6.5 MiB in bfloat16, 13 in float32) or the embedding (7.8 /
+    15.6 MiB), so a slack of half a layer catches any copy and leaves room for what the load
+    allocates besides (the small tensors as float32 arrays, Python objects: measured here ~1.2 MB in
+    both modes). The peak is within 1.1x the weights as held."""
+    r = _memory_of_a_load(tmp_path, stored, mode, f"{_VARIABLE[mode]}={mapping_engine(mode)}")
     # the small tensors (norms, biases, short convs: 0.3% of the bytes) are new float32 arrays
     assert r["held"] <= r["disk"] * 1.01 and r["held"] - r["mapped"] < r["held"] // 100
     assert r["transient"] == 0
@@ -264,7 +253,7 @@ def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path, store
     grows by the embedding and less than a layer more), and the peak holds one layer's mapped
     pages beside the packed weights at most, as the load reports (here 1.12x the weights as
     held: a layer is 1/12 of them; the benchmark's 1.3B model has 24)."""
-    if not _packing(mode):
+    if not can_pack(mode):
         pytest.skip(f"MKL cannot pack {mode} weights here (Intel's mkl package is not installed)")
     r = _memory_of_a_load(tmp_path, stored, mode, f"{_VARIABLE[mode]}=mkl")
     embed = 8000 * 512 * (2 if mode == "bfloat16" else 4)
@@ -283,22 +272,13 @@ def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path, store
     assert r["VmHWM"] <= end + r["transient"] + (1 << 20), (layer, r)
 
 
-def _packing(mode: str = "bfloat16") -> bool:
-    from linstream.ops.model.fla import mkl
-
-    try:
-        return mkl.can_pack(mode)
-    except mkl.MKLUnavailable:
-        return False
-
-
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_bfloat16_mode_holds_half_the_float32_modes_bytes(tmp_path, monkeypatch, packed):
     """Mapped or packed (Intel's MKL package), the bfloat16 mode holds half the bytes."""
-    if packed and not _packing():
+    if packed and not can_pack():
         pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["delta_net"], dtype="BF16")
-    monkeypatch.setenv(ENV, "mkl" if packed else _mapping_engine())
+    monkeypatch.setenv(ENV, "mkl" if packed else mapping_engine())
     f32, b16 = load_model(folder), load_model(folder, compute_dtype="bfloat16")
     assert ("packed once at load" in b16.load_report.products) == packed
     small = sum(  # the small tensors (norms, biases, convolutions; not packed bytes)
@@ -362,7 +342,7 @@ def test_mapped_weights_cannot_be_written(tmp_path, monkeypatch):
 
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["gla"], dtype="BF16")
     before = (folder / "model.safetensors").read_bytes()
-    monkeypatch.setenv(ENV, _mapping_engine())  # the products' weights mapped too
+    monkeypatch.setenv(ENV, mapping_engine())  # the products' weights mapped too
     model = load_model(folder, compute_dtype="bfloat16")
     mapped = [a for a in model.held_arrays() if is_mapped(a)]
     assert len(mapped) >= 1 + 2 * 8  # the embedding, each layer's products

@@ -29,6 +29,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers.fla_folders import TINY_CONFIGS, write_folder
+from helpers.mkl_engines import can_pack
 from helpers.streaming import stream_hidden_states
 from linstream.ops.model.fla import load_model, mkl
 from linstream.ops.model.fla.bf16 import ENV
@@ -37,16 +38,9 @@ SEED = 20261205
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _can_pack(dtype: str) -> bool:
-    try:
-        return mkl.can_pack(dtype)
-    except mkl.MKLUnavailable:
-        return False
-
-
 @pytest.fixture
 def packing() -> None:
-    if not _can_pack("bfloat16"):
+    if not can_pack("bfloat16"):
         pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
 
 
@@ -54,7 +48,7 @@ def packing() -> None:
 def test_packed_products_are_within_the_dot_products_rounding_bound(dtype):
     """Column ranges packed apart and written into a wider output, row ranges of a bigger x,
     k from 1 to 2,000, 1 to 2,048 rows; a layout MKL cannot take is one line."""
-    if not _can_pack(dtype):
+    if not can_pack(dtype):
         pytest.skip(f"MKL cannot pack {dtype} weights here")
     dt = BF16 if dtype == "bfloat16" else np.dtype(np.float32)
     unpacked_rows = mkl.bf16_rows if dtype == "bfloat16" else mkl.sgemm_rows
