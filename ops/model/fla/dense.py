@@ -253,6 +253,14 @@ class Dense:
             return _calls(x, w, _widening(self.rows), split, part=part)
         return _calls(x, widened(w, np.empty(w.shape, np.float32)), self.rows, split, part=part)
 
+    def sized_calls(
+        self, x: np.ndarray, *, part: bool = False
+    ) -> tuple[np.ndarray, list[tuple[int, Call]]]:
+        """`calls`, each with its share of the weight's elements (to run the largest first)."""
+        y, calls = self.calls(x, part=part)
+        size = self.shape[0] * self.shape[1] // len(calls)
+        return y, [(size, call) for call in calls]
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.engine is not None:
             x = self.engine.prepare(x)
@@ -287,14 +295,14 @@ class FusedProjection:
     def planned(
         self, x: np.ndarray, *, part: bool
     ) -> tuple[dict[str, np.ndarray], list[tuple[int, Call]]]:
-        """The outputs by name and their calls, each with its size (`Dense.calls`)."""
+        """The outputs by name and their calls, each with its size (`Dense.sized_calls`)."""
         if self.engine is not None:
             x = self.engine.prepare(x)  # the bfloat16 mode rounds the shared input once
         out: dict[str, np.ndarray] = {}
         sized: list[tuple[int, Call]] = []
         for name, d in self.parts.items():
-            out[name], calls = d.calls(x, part=part)
-            sized += [(d.shape[0] * d.shape[1] // len(calls), call) for call in calls]
+            out[name], calls = d.sized_calls(x, part=part)
+            sized += calls
         return out, sized
 
 
@@ -321,8 +329,7 @@ def together(items: Sequence[tuple[Projection, np.ndarray]]) -> list[Any]:
         else:
             if p.engine is not None:
                 x = p.engine.prepare(x)
-            y, plain = p.calls(x, part=many)
-            out, calls = y, [(p.shape[0] * p.shape[1] // len(plain), c) for c in plain]
+            out, calls = p.sized_calls(x, part=many)
         outs.append(out)
         sized += calls
     sized.sort(key=lambda sc: -sc[0])
