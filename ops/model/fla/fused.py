@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
-from numba import prange
+from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import overload
 
@@ -76,26 +76,51 @@ def _silu_kernel(parallel: bool) -> Any:
     return run
 
 
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _conv_row(x, head, wt, silu, t, row):  # pragma: no cover - compiled
+    """row = Σ_j wt[j] · x[t + j − (W−1)] (rows before the chunk read from head), SiLU'd."""
+    n = wt.shape[0] - 1
+    for d in range(x.shape[1]):
+        row[d] = x.dtype.type(0)
+    for j in range(n + 1):
+        s = t + j - n
+        src = x[s] if s >= 0 else head[n + s]
+        wj = wt[j]
+        for d in range(x.shape[1]):
+            row[d] += wj[d] * src[d]
+    if silu:
+        one = x.dtype.type(1)
+        for d in range(x.shape[1]):
+            v = row[d]
+            row[d] = v / (one + exp(-v))
+
+
 def _conv_kernel(parallel: bool) -> Any:
     @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
     def run(x, head, wt, silu, out):  # pragma: no cover - compiled
         # out[t] = Σ_j wt[j] · x[t + j − (W−1)], rows before the chunk read from head [W−1, D]
-        n = wt.shape[0] - 1
+        if wt.shape[0] != 4:
+            for t in prange(x.shape[0]):
+                _conv_row(x, head, wt, silu, t, out[t])
+            return
+        # width 4 (fla's default): the first rows read the tail; then every tap is within the
+        # chunk, and a row is one vector loop of the four taps and SiLU (the same sum in the
+        # same order as `_conv_row`: the same bits; ~2x faster than a loop per tap, 2,048 × 768
+        # on 2 threads)
+        first = min(3, x.shape[0])
+        for t in range(first):
+            _conv_row(x, head, wt, silu, t, out[t])
         one = x.dtype.type(1)
-        for t in prange(x.shape[0]):
-            row = out[t]
-            for d in range(x.shape[1]):
-                row[d] = x.dtype.type(0)
-            for j in range(n + 1):
-                s = t + j - n
-                src = x[s] if s >= 0 else head[n + s]
-                wj = wt[j]
-                for d in range(x.shape[1]):
-                    row[d] += wj[d] * src[d]
+        w0, w1, w2, w3 = wt[0], wt[1], wt[2], wt[3]
+        for t in prange(first, x.shape[0]):
+            a, b, c, e, row = x[t - 3], x[t - 2], x[t - 1], x[t], out[t]
             if silu:
                 for d in range(x.shape[1]):
-                    v = row[d]
+                    v = w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
                     row[d] = v / (one + exp(-v))
+            else:
+                for d in range(x.shape[1]):
+                    row[d] = w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
 
     return run
 
