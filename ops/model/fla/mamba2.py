@@ -141,9 +141,15 @@ class Mamba2Block:
         xp = weights.xp
         self.inner, self.conv_dim, _ = _dims(s, c)
         self.norm = weights.array(w["norm.weight"])
-        self.in_proj = weights.dense(w["mixer.in_proj.weight"])
+        # z | xBC | dt: three products of one input, each its own contiguous output (the passes
+        # after them read it without a copy; one hand-off to the threads for the three)
+        cuts = {"z": slice(0, self.inner), "xbc": slice(self.inner, self.inner + self.conv_dim)}
+        cuts["dt"] = slice(self.inner + self.conv_dim, None)
+        w_in = w["mixer.in_proj.weight"]
+        self.in_proj = weights.fused([(name, w_in[c]) for name, c in cuts.items()])
         self.out_proj = weights.dense(w["mixer.out_proj.weight"])
-        self.in_bias = _maybe(weights, w, "mixer.in_proj.bias")
+        bias = _maybe(weights, w, "mixer.in_proj.bias")
+        self.in_bias = None if bias is None else {n: bias[c] for n, c in cuts.items()}
         self.out_bias = _maybe(weights, w, "mixer.out_proj.bias")
         self.conv_w = xp.ascontiguousarray(weights.array(w["mixer.conv1d.weight"])[:, 0, :])
         self.conv_b = _maybe(weights, w, "mixer.conv1d.bias")
@@ -164,12 +170,12 @@ class Mamba2Block:
         self, x: np.ndarray, state: LayerState, carry: dict[str, Any]
     ) -> tuple[np.ndarray, LayerState]:
         s, t, passes = self.s, x.shape[0], self.passes
-        inner, conv = self.inner, self.conv_dim
+        inner = self.inner
         p = self.in_proj(self.ops.rms_norm(x, self.norm, self.eps))
         if self.in_bias is not None:
-            p += self.in_bias
-        raw = p[:, inner : inner + conv]
-        xbc, tail = passes.conv_silu(raw, state["conv_xbc"], self.conv_w, self.conv_b)
+            for name, b in self.in_bias.items():
+                p[name] += b
+        xbc, tail = passes.conv_silu(p["xbc"], state["conv_xbc"], self.conv_w, self.conv_b)
         gn = s.n_groups * s.state_size
         xs = xbc[:, :inner].reshape(t, s.num_heads, s.head_dim)
         b = xbc[:, inner : inner + gn].reshape(t, s.n_groups, s.state_size)
@@ -177,7 +183,7 @@ class Mamba2Block:
         ssm = self.ops.copy(state["S"])
         y = self.ops.ssd_chunks(
             xs,
-            p[:, inner + conv :],
+            p["dt"],
             self.a,
             b,
             c,
@@ -187,7 +193,7 @@ class Mamba2Block:
             dt_limit=self.limit,
         )
         o = passes.gated_norm(
-            y.reshape(t, inner), p[:, :inner], self.norm_w, s.n_groups, self.eps, s.gated_norm
+            y.reshape(t, inner), p["z"], self.norm_w, s.n_groups, self.eps, s.gated_norm
         )
         out = self.out_proj(o)
         if self.out_bias is not None:
