@@ -9,20 +9,25 @@ against it, and a mapped load's time and memory.
         -m bench -s -p no:randomly          # a smoke run: tiny models, proves it runs
     LINSTREAM_BENCH_FAMILIES=rwkv7,mamba2 ...   # some families only (default: all four)
 
-Each (family, mode) runs in a fresh process on the same random bfloat16 folder (~110M
+Each family's two modes run in one fresh process, on the same random bfloat16 folder (~110M
 parameters; GLA and DeltaNet as tests/bench/test_bench_fla.py builds them; RWKV-7 ~190M and
 Mamba-2 ~130M built with fla's and transformers' own classes, `helpers.rwkv_mamba_models`),
-2 threads:
+2 threads, their rounds interleaved with each other and with samples of the GEMM roof: this
+2-vCPU machine's speed drifts by ±30% over minutes (its bfloat16 units more than the rest), and
+every ratio below is read from the same minutes (float32 and bfloat16 in separate processes,
+one after the other, read bfloat16 over float32 as 1.6-1.9x in a slow spell and 2.3-2.4x in a
+quiet one):
 
-- tokens/s: ROUNDS rounds, each one CHUNK-token chunk then CHUNK tokens in SMALL-token chunks,
-  both carrying their own state, after a warm-up of each (Numba's compilation); the small/large
-  ratio comes from the same rounds, so a busy machine slows both alike.
+- tokens/s: ROUNDS rounds, each running, per mode, one CHUNK-token chunk then CHUNK tokens in
+  SMALL-token chunks, both carrying their own state, after a warm-up of each (Numba's
+  compilation); then one sample of the roof.
 - the roof: every product of one large chunk is recorded (its rows, in, out: the model's own
-  shapes); the fastest float32 GEMM of each distinct shape (best of 3 of NumPy's BLAS and of
-  MKL's SGEMM, each at 2 threads and at 1) gives the time the products alone would take at the
-  GEMM's rate;
-  roof = their FLOPs / that time; achieved = their FLOPs per chunk at the rounds' tokens/s;
-  share = achieved / roof (the bfloat16 mode against the same float32 roof).
+  shapes); each round times each distinct shape's float32 GEMMs once after a warm call (NumPy's
+  BLAS at 2 threads and at 1; MKL's SGEMM at 1, at 2 of its own threads where its library has
+  them, as two threads of half the rows each, and the same on the weight packed once) and takes
+  the fastest: the time the products alone would take at the GEMM's rate in that round;
+  roof = their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the
+  rounds' tokens/s; share = achieved / roof (the bfloat16 mode against the same float32 roof).
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
   and activations, layout copies, other).
 - fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
@@ -144,76 +149,77 @@ def _packed_rows_of(x: np.ndarray, packed, out: np.ndarray, r: slice) -> None:
     packed.rows(x[r], 0, out[r])
 
 
-def _gemm_roof(shapes: dict[tuple[int, int, int], int]) -> tuple[float, float]:
-    """(the products' FLOPs, the seconds the fastest float32 GEMM here takes for them: per shape
-    the best of 3 of NumPy's BLAS and of MKL's SGEMM (where MKL is found), each at 2 threads and
-    at 1; MKL's 2 threads are its own where its library has them (PyTorch's copy), and two
-    threads each running half the rows (the runtime's row ranges) in any case; and MKL's SGEMM
-    on the weight packed once (where it packs: the float32 mode's own products), on one thread
-    and as two threads of half the rows)."""
+def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
+    """Per distinct product shape (t, k, n): its FLOPs, its count in a chunk, and the float32
+    GEMMs that form it (operands made once): NumPy's BLAS at 2 threads and at 1; where MKL is
+    found, MKL's SGEMM at 1 thread, at 2 of its own where its library runs them (PyTorch's
+    copy), as two threads each running half the rows (the runtime's row ranges), and the same
+    two on the weight packed once where MKL packs (the float32 mode's own products).  Each GEMM
+    is (threads for BLAS, the call)."""
     from linstream.ops.model.fla import mkl
     from linstream.ops.model.threads import row_split
-    from threadpoolctl import threadpool_limits
 
     try:
         mkl.library()
         have_mkl = True
     except mkl.MKLUnavailable:
         have_mkl = False
+    halves = row_split(2)
     rng = np.random.default_rng(0)
-    flops = seconds = 0.0
+    out_list = []
     for (t, k, n), count in shapes.items():
         x = rng.standard_normal((t, k), dtype=np.float32)
         w = rng.standard_normal((n, k), dtype=np.float32)
         out = np.empty((t, n), np.float32)
+        gemms = [(threads, functools.partial(np.matmul, x, w.T, out=out)) for threads in (2, 1)]
+        if have_mkl:
+            gemms += [
+                (1, functools.partial(mkl.sgemm_rows, x, w, out, threads)) for threads in (2, 1)
+            ]
+            gemms.append((1, functools.partial(halves, functools.partial(_rows_of, x, w, out), t)))
+            if mkl.can_pack(np.float32):
+                packed = mkl.Packed(w, [slice(0, n)])
+                gemms.append((1, functools.partial(packed.rows, x, 0, out)))
+                rows = functools.partial(_packed_rows_of, x, packed, out)
+                gemms.append((1, functools.partial(halves, rows, t)))
+        out_list.append((2.0 * t * k * n, count, gemms))
+    return out_list
+
+
+def _roof_seconds(gemms: list[tuple[float, int, list]]) -> float:
+    """The seconds a chunk's products take at the fastest of each shape's GEMMs, each timed
+    once after a warm call (one round's sample of the roof)."""
+    from threadpoolctl import threadpool_limits
+
+    seconds = 0.0
+    for _, count, calls in gemms:
         best = float("inf")
-        for threads in (2, 1):
-            gemms = [functools.partial(np.matmul, x, w.T, out=out)]
-            if have_mkl:
-                gemms.append(functools.partial(mkl.sgemm_rows, x, w, out, threads))
-                if threads == 2:
-                    halves = row_split(2)
-                    rows = functools.partial(_rows_of, x, w, out)
-                    gemms.append(functools.partial(halves, rows, t))
-                    if mkl.can_pack(np.float32):
-                        packed = mkl.Packed(w, [slice(0, n)])
-                        gemms.append(functools.partial(packed.rows, x, 0, out))
-                        rows = functools.partial(_packed_rows_of, x, packed, out)
-                        gemms.append(functools.partial(halves, rows, t))
+        for threads, gemm in calls:
             with threadpool_limits(threads, user_api="blas"):
-                for gemm in gemms:
-                    gemm()
-                    for _ in range(3):
-                        t0 = time.perf_counter()
-                        gemm()
-                        best = min(best, time.perf_counter() - t0)
-        flops += 2.0 * t * k * n * count
+                gemm()
+                t0 = time.perf_counter()
+                gemm()
+                best = min(best, time.perf_counter() - t0)
         seconds += best * count
-    return flops, seconds
+    return seconds
 
 
-def run_mode(folder: str, mode: str) -> dict:
+def run_modes(folder: str) -> dict:
+    """Both modes in one process, their rounds interleaved with each other and with samples of
+    the GEMM roof, so that every ratio (bfloat16 over float32, small over large chunks, the
+    share of the roof) is read from the same minutes of a machine whose speed drifts."""
     from helpers.fla_profile import Profile
     from linstream.ops.model.fla import dense, load_model
 
-    model = load_model(folder, compute_dtype=mode)
     ids = _tokens(CHUNK * (ROUNDS + 2), folder)
-    first, _ = model.embed_chunk(ids[:CHUNK], None)  # warm-up: compiles the kernels
-    np.save(Path(folder) / f"linstream_{mode}.npy", first)
-    model.embed_chunk(ids[:SMALL], None)
-    big_s = small_s = 0.0
-    big_state = small_state = None
-    for r in range(ROUNDS):
-        part = ids[(r + 1) * CHUNK : (r + 2) * CHUNK]
-        t0 = time.perf_counter()
-        _, big_state = model.embed_chunk(part, big_state)
-        big_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for a in range(0, CHUNK, SMALL):
-            _, small_state = model.embed_chunk(part[a : a + SMALL], small_state)
-        small_s += time.perf_counter() - t0
-    # the products of one large chunk: their shapes (the roof) and the profile
+    models = {mode: load_model(folder, compute_dtype=mode) for mode in MODES}
+    for mode, model in models.items():
+        first, _ = model.embed_chunk(ids[:CHUNK], None)  # warm-up: compiles the kernels
+        np.save(Path(folder) / f"linstream_{mode}.npy", first)
+        model.embed_chunk(ids[:SMALL], None)
+    # the products of one large chunk: their shapes (the roof) and the profile, per mode
     shapes: dict[tuple[int, int, int], int] = {}
+    profiles = {}
     call = dense.Dense.calls  # every product plans its calls here (a fused group's parts too)
 
     def recorded(self, x, **kw):
@@ -221,27 +227,51 @@ def run_mode(folder: str, mode: str) -> dict:
         shapes[key] = shapes.get(key, 0) + 1
         return call(self, x, **kw)
 
-    dense.Dense.calls = recorded
-    try:
-        with Profile() as prof:
+    for mode, model in models.items():
+        shapes.clear()
+        dense.Dense.calls = recorded
+        try:
+            with Profile() as prof:
+                t0 = time.perf_counter()
+                model.embed_chunk(ids[:CHUNK], None)
+                wall = time.perf_counter() - t0
+        finally:
+            dense.Dense.calls = call
+        profiles[mode] = prof.shares(wall)
+    gemms = _gemms(shapes)
+    flops = sum(f * count for f, count, _ in gemms)
+    big = dict.fromkeys(MODES, 0.0)
+    small = dict.fromkeys(MODES, 0.0)
+    states: dict = {(mode, size): None for mode in MODES for size in ("big", "small")}
+    roof_s = 0.0
+    for r in range(ROUNDS):
+        part = ids[(r + 1) * CHUNK : (r + 2) * CHUNK]
+        for mode, model in models.items():  # a large chunk, then as many tokens in small ones
             t0 = time.perf_counter()
-            model.embed_chunk(ids[:CHUNK], None)
-            wall = time.perf_counter() - t0
-    finally:
-        dense.Dense.calls = call
-    flops, roof_s = _gemm_roof(shapes)
-    report = model.load_report
-    return {
-        "tokens_per_s": ROUNDS * CHUNK / big_s,
-        "small_tokens_per_s": ROUNDS * CHUNK / small_s,
-        "achieved_gflops": flops * (ROUNDS / big_s) / 1e9,  # the rounds' chunks per second
-        "roof_gflops": flops / roof_s / 1e9,
-        "profile": prof.shares(wall),
-        "held_bytes": report.held_bytes,
-        "parameters": report.parameters,
-        "engine": report.products,
-        "peak_rss": _status("VmHWM"),
-    }
+            _, states[mode, "big"] = model.embed_chunk(part, states[mode, "big"])
+            big[mode] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for a in range(0, CHUNK, SMALL):
+                _, states[mode, "small"] = model.embed_chunk(
+                    part[a : a + SMALL], states[mode, "small"]
+                )
+            small[mode] += time.perf_counter() - t0
+        roof_s += _roof_seconds(gemms)
+    roof = flops * ROUNDS / roof_s / 1e9
+    out = {}
+    for mode, model in models.items():
+        report = model.load_report
+        out[mode] = {
+            "tokens_per_s": ROUNDS * CHUNK / big[mode],
+            "small_tokens_per_s": ROUNDS * CHUNK / small[mode],
+            "achieved_gflops": flops * ROUNDS / big[mode] / 1e9,
+            "roof_gflops": roof,
+            "profile": profiles[mode],
+            "held_bytes": report.held_bytes,
+            "parameters": report.parameters,
+            "engine": report.products,
+        }
+    return out
 
 
 def run_fla(folder: str) -> dict:
@@ -353,7 +383,7 @@ def run_load(folder: str, engine: str) -> dict:
 
 
 CHILDREN = {
-    "mode": run_mode,
+    "modes": run_modes,
     "fla": run_fla,
     "own_class": run_own_class,
     "llama": run_llama,
@@ -426,8 +456,9 @@ def test_bench_fla_roof(tmp_path):
             llama_commit = got.pop("commit")
             rates[family].update({f"llama.cpp {t}": v for t, v in got.items()})
         ref = np.load(folder / "fla.npy")
+        both = _run("modes", str(folder))
         for mode in MODES:
-            r = _run("mode", str(folder), mode)
+            r = both[mode]
             print(family, mode, json.dumps(r))
             engines.add(r["engine"])
             rates[family][mode] = r["tokens_per_s"]
