@@ -10,14 +10,9 @@ tokens from S_0, with G_i = Σ_{j≤i} log α_j (0 for the plain delta rule):
 so (I + L) U = B V - B e^{G} K S_0 with L strictly lower, L_ij = β_i e^{G_i - G_j} k_i·k_j.
 The UT transform T = (I + L)^{-1} (lower unitriangular, by forward substitution on n×n) gives
 
-    U = T (B V) - T (B e^{G} K) S_0 = T (B V - B e^{G} K S_0)     (the WY form; the last one is
-                                                                 two products, not three)
+    U = T (B V) - T (B e^{G} K) S_0                      (the WY pseudo-values and keys)
     Y = e^{G} Q S_0 + (Q Kᵀ ⊙ D) U,   D_ij = e^{G_i - G_j} for j ≤ i, else 0
     S_n = e^{G_n} S_0 + (e^{G_n - G} ⊙ K)ᵀ U
-
-K Kᵀ and Q Kᵀ are one product ([K; Q] Kᵀ): a chunk's products run on 64×64 blocks, where a
-BLAS call's fixed cost is a large part of each (2,048 tokens, 12 heads of 64, 2 threads,
-interleaved in one process: 1.07-1.19x the kernel with three products for U and two for these).
 
 All exponents are ≤ 0.  Chunk math runs in the compute dtype; the contribution is added to the
 state in the state's dtype.  z is not used by these rules.  The chunks end where the decaying
@@ -62,7 +57,6 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
         kb = np.empty((c, f), qh.dtype)
         kd = np.empty((c, f), qh.dtype)
         vb = np.empty((c, dv), qh.dtype)
-        kq = np.empty((2 * c, f), qh.dtype)  # [K; Q] of the chunk: K Kᵀ and Q Kᵀ in one product
         c0 = 0
         while c0 < t:
             n = chunk_end(kh, vh, log_a, h, c0, min(c0 + c, t)) - c0
@@ -91,12 +85,7 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
                 bb = qh.dtype.type(b)
                 for p in range(dv):
                     vb[i, p] = vc[i, p] * bb
-            for i in range(n):
-                for p in range(f):
-                    kq[i, p] = kc[i, p]
-                    kq[n + i, p] = qc[i, p]
-            kkqk = np.dot(kq[: 2 * n], kc.T)  # rows < n: K Kᵀ; the rest: Q Kᵀ
-            kk = kkqk[:n]
+            kk = np.dot(kc, kc.T)
             tt = np.zeros((n, n), qh.dtype)  # T = (I + L)^{-1} of this chunk
             # T = (I + L)^{-1} row by row: T_i = e_i - Σ_{j<i} L_ij T_j  (T_j is zero past j).
             # An L_ij or T_ir below `tiny` (e^{flush/2}) is taken as 0, so that the solve's
@@ -114,8 +103,8 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
                         tt[i, r] -= lij * tt[j, r]
                 for r in range(i):
                     tt[i, r] *= qh.dtype.type(abs(tt[i, r]) >= tiny)
-            u = np.dot(tt, vb[:n] - np.dot(kb[:n], sc))  # T (B V − B e^G K S_0)
-            a = kkqk[n:]
+            u = np.dot(tt, vb[:n]) - np.dot(np.dot(tt, kb[:n]), sc)
+            a = np.dot(qc, kc.T)
             for i in range(n):
                 for j in range(i + 1):
                     x = g[i] - g[j]
