@@ -5,6 +5,8 @@ of the sigmoid alone takes four).
     swiglu(gate, up)      silu(gate) · up, a new C-contiguous array
     silu(x)               x · sigmoid(x), a new C-contiguous array
     short_conv(x, tail, w, silu)   the depthwise causal convolution of `pieces.short_conv`
+    conv(x, tail, w, bias, silu)   the same with a bias, the new tail left to the caller (Mamba-2's
+                          keeps the old tail's dtype: `mamba2_passes.conv_silu`)
     rms_norm(x, w, eps)   x / sqrt(mean(x²) + eps) · w over the rows of x [T, D]
     add_rms_norm(x, a, w, eps)     (h = x + a, rms_norm(h, w, eps)): the residual and the next
                           norm in one pass, both new C-contiguous arrays
@@ -47,7 +49,16 @@ from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import overload
 
-__all__ = ["add_rms_norm", "head_norm", "log_gate", "rms_norm", "short_conv", "silu", "swiglu"]
+__all__ = [
+    "add_rms_norm",
+    "conv",
+    "head_norm",
+    "log_gate",
+    "rms_norm",
+    "short_conv",
+    "silu",
+    "swiglu",
+]
 
 _WORK_PER_ELEMENT = 16  # as ops/model/kernels.py: a parallel region from 2^18 elements
 
@@ -77,11 +88,12 @@ def _silu_kernel(parallel: bool) -> Any:
 
 
 @njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _conv_row(x, head, wt, silu, t, row):  # pragma: no cover - compiled
-    """row = Σ_j wt[j] · x[t + j − (W−1)] (rows before the chunk read from head), SiLU'd."""
+def _conv_row(x, head, wt, bias, silu, t, row):  # pragma: no cover - compiled
+    """row = bias + Σ_j wt[j] · x[t + j − (W−1)] (rows before the chunk read from head), SiLU'd
+    if silu."""
     n = wt.shape[0] - 1
     for d in range(x.shape[1]):
-        row[d] = x.dtype.type(0)
+        row[d] = bias[d]
     for j in range(n + 1):
         s = t + j - n
         src = x[s] if s >= 0 else head[n + s]
@@ -97,30 +109,31 @@ def _conv_row(x, head, wt, silu, t, row):  # pragma: no cover - compiled
 
 def _conv_kernel(parallel: bool) -> Any:
     @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def run(x, head, wt, silu, out):  # pragma: no cover - compiled
-        # out[t] = Σ_j wt[j] · x[t + j − (W−1)], rows before the chunk read from head [W−1, D]
+    def run(x, head, wt, bias, silu, out):  # pragma: no cover - compiled
+        # out[t] = bias + Σ_j wt[j] · x[t + j − (W−1)], rows before the chunk read from head
+        # [W−1, D]; a bias of zeros adds nothing (0 + v is v), so no bias costs no other bits
         if wt.shape[0] != 4:
             for t in prange(x.shape[0]):
-                _conv_row(x, head, wt, silu, t, out[t])
+                _conv_row(x, head, wt, bias, silu, t, out[t])
             return
-        # width 4 (fla's default): the first rows read the tail; then every tap is within the
-        # chunk, and a row is one vector loop of the four taps and SiLU (the same sum in the
-        # same order as `_conv_row`: the same bits; 1.2-1.5x faster than a loop per tap,
-        # 2,048 × 768 on 2 threads)
+        # width 4 (fla's default, Mamba-2's): the first rows read the tail; then every tap is
+        # within the chunk, and a row is one vector loop of the bias, the four taps and SiLU
+        # (the same sum in the same order as `_conv_row`: the same bits; 1.2-1.5x faster than
+        # a loop per tap, 2,048 × 768 and 2,048 × 1,792 on 2 threads)
         first = min(3, x.shape[0])
         for t in range(first):
-            _conv_row(x, head, wt, silu, t, out[t])
+            _conv_row(x, head, wt, bias, silu, t, out[t])
         one = x.dtype.type(1)
         w0, w1, w2, w3 = wt[0], wt[1], wt[2], wt[3]
         for t in prange(first, x.shape[0]):
             a, b, c, e, row = x[t - 3], x[t - 2], x[t - 1], x[t], out[t]
             if silu:
                 for d in range(x.shape[1]):
-                    v = w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
+                    v = bias[d] + w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
                     row[d] = v / (one + exp(-v))
             else:
                 for d in range(x.shape[1]):
-                    row[d] = w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
+                    row[d] = bias[d] + w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
 
     return run
 
@@ -279,21 +292,34 @@ def silu(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def conv(
+    x: np.ndarray, tail: np.ndarray, w: np.ndarray, bias: np.ndarray | None, silu_after: bool
+) -> np.ndarray:
+    """bias + the depthwise causal convolution of width W over x [T, D] (C-contiguous float32 or
+    float64), its first rows reading tail [W−1, D] (any float dtype: the raw inputs before the
+    chunk), w [D, W] the newest input meeting w[:, W−1], bias [D] or None; SiLU'd if
+    silu_after.  A new [T, D] in x's dtype."""
+    head = np.ascontiguousarray(tail, dtype=x.dtype)
+    wt = np.ascontiguousarray(w.T, dtype=x.dtype)
+    b = np.zeros(x.shape[1], x.dtype) if bias is None else np.asarray(bias, dtype=x.dtype)
+    out = np.empty(x.shape, dtype=x.dtype)
+    _CONV[worth_threads(x.size * w.shape[1] * 4)](x, head, wt, b, bool(silu_after), out)
+    return out
+
+
 def short_conv(
     x: np.ndarray, tail: np.ndarray, w: np.ndarray, silu_after: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`pieces.short_conv` in one pass: x [T, D] (float32 or float64), tail [W−1, D] (any
-    float dtype), w [D, W]; returns (y [T, D] in x's dtype, the new tail in tail's dtype)."""
-    n = w.shape[1] - 1
-    head = np.ascontiguousarray(tail, dtype=x.dtype)
-    wt = np.ascontiguousarray(w.T, dtype=x.dtype)
-    out = np.empty(x.shape, dtype=x.dtype)
-    _CONV[worth_threads(x.size * (n + 1) * 4)](x, head, wt, bool(silu_after), out)
-    t = x.shape[0]
+    """`pieces.short_conv` in one pass (`conv` without a bias): x [T, D] (float32 or float64),
+    tail [W−1, D] (any float dtype), w [D, W]; returns (y [T, D] in x's dtype, the new tail in
+    tail's dtype)."""
+    out = conv(x, tail, w, None, silu_after)
+    n, t = w.shape[1] - 1, x.shape[0]
     if t >= n:
         new_tail = np.array(x[t - n :], dtype=tail.dtype)
-    else:
-        new_tail = np.concatenate([head[t:], x], axis=0).astype(tail.dtype)  # as pieces'
+    else:  # as pieces': the old tail's rows through x's dtype
+        head = np.asarray(tail, dtype=x.dtype)
+        new_tail = np.concatenate([head[t:], x], axis=0).astype(tail.dtype)
     return out, new_tail
 
 

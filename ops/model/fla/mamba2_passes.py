@@ -10,7 +10,8 @@ outputs reading the last W−1 raw inputs of the chunk before (`tail` [W−1, D]
 sequence's start); returns y [T, D] in x's dtype and the new tail (the last W−1 raw inputs,
 partly the old tail's for a chunk shorter than W−1) in tail's dtype.  It is the short
 convolution of `pieces.short_conv` with a bias, the convolution of transformers' and fla's
-Mamba-2 (`nn.Conv1d(groups=D, padding=W−1)` cut to T outputs, then the activation).
+Mamba-2 (`nn.Conv1d(groups=D, padding=W−1)` cut to T outputs, then the activation), and runs
+the fla families' kernel (`fused.conv`).
 
 gated_norm, with g = silu(z) = z · sigmoid(z) and RMS over each group of a row,
 x / sqrt(mean(x²) + eps) · weight:
@@ -32,60 +33,14 @@ from typing import Any
 
 import numpy as np
 from linstream.ops.numba_tools import FASTMATH, exp, njit_variant, worth_threads
-from numba import njit, prange
+from numba import prange
 
+from . import fused
 from .mamba2_xp import GATED_NORM_MODES  # Numba-free, so the device path shares it
 
 __all__ = ["GATED_NORM_MODES", "conv_silu", "gated_norm"]
 
 _WORK_PER_ELEMENT = 16  # as fused.py: a parallel region from 2^18 elements
-
-
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _conv_row(x, tail, wt, bias, i, row):  # pragma: no cover - compiled
-    """row = SiLU(bias + Σ_j wt[j] · x[i − k + j]), the rows before the chunk read from tail."""
-    dd = x.shape[1]
-    k = wt.shape[0] - 1
-    one = row.dtype.type(1)
-    for d in range(dd):
-        row[d] = bias[d]
-    for j in range(k + 1):
-        src = i - k + j
-        if src >= 0:
-            for d in range(dd):
-                row[d] += wt[j, d] * x[src, d]
-        else:
-            for d in range(dd):
-                row[d] += wt[j, d] * row.dtype.type(tail[k + src, d])
-    for d in range(dd):
-        v = row[d]
-        row[d] = v / (one + exp(-v))
-
-
-def _conv_kernel(parallel: bool) -> Any:
-    @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def run(x, tail, wt, bias, out):  # pragma: no cover - compiled
-        """x [T, D]; tail [W−1, D]; wt [W, D] (the weights, tap-major); bias [D]; out [T, D]."""
-        t, dd = x.shape
-        if wt.shape[0] != 4:
-            for i in prange(t):
-                _conv_row(x, tail, wt, bias, i, out[i])
-            return
-        # width 4 (Mamba-2's): the first rows read the tail; then a row is one vector loop of
-        # the bias, the four taps and SiLU (the same sum in the same order as `_conv_row`: the
-        # same bits; 1.2-1.5x faster than a loop per tap at 2,048 × 1,792 on 2 threads)
-        first = min(3, t)
-        for i in range(first):
-            _conv_row(x, tail, wt, bias, i, out[i])
-        one = out.dtype.type(1)
-        w0, w1, w2, w3 = wt[0], wt[1], wt[2], wt[3]
-        for i in prange(first, t):
-            a, b, c, e, row = x[i - 3], x[i - 2], x[i - 1], x[i], out[i]
-            for d in range(dd):
-                v = bias[d] + w0[d] * a[d] + w1[d] * b[d] + w2[d] * c[d] + w3[d] * e[d]
-                row[d] = v / (one + exp(-v))
-
-    return run
 
 
 def _norm_kernel(parallel: bool) -> Any:
@@ -123,7 +78,6 @@ def _norm_kernel(parallel: bool) -> Any:
     return run
 
 
-_CONV = {p: _conv_kernel(p) for p in (False, True)}
 _NORM = {p: _norm_kernel(p) for p in (False, True)}
 
 
@@ -132,13 +86,10 @@ def conv_silu(
 ) -> tuple[np.ndarray, np.ndarray]:
     """SiLU of the causal depthwise convolution over x [T, D] (see the module docstring); w
     [D, W] as loaded (squeezed), bias [D] or None."""
-    t, dd = x.shape
+    t = x.shape[0]
     k = w.shape[1] - 1
-    out = np.empty((t, dd), dtype=x.dtype)
     x = np.ascontiguousarray(x)  # a view of the in-projection: the kernel's loops vectorize
-    wt = np.ascontiguousarray(w.T, dtype=x.dtype)
-    b = np.zeros(dd, x.dtype) if bias is None else np.asarray(bias, dtype=x.dtype)
-    _CONV[worth_threads(t * dd * _WORK_PER_ELEMENT)](x, tail, wt, b, out)
+    out = fused.conv(x, tail, w, bias, True)
     if t >= k:
         new_tail = np.array(x[t - k :], dtype=tail.dtype)
     else:

@@ -143,12 +143,15 @@ def test_l2_heads_equals_numpy_l2_norm_of_the_heads(dtype):
 @pytest.mark.parametrize("width", [2, 4, 5])
 @pytest.mark.parametrize("t", [1, 3, 4, 200])
 def test_short_conv_is_torch_conv1d_over_the_tail_and_the_chunk(dtype, width, t):
-    """`fused.short_conv` (width 4, fla's default, has a pass of its own from the chunk's
-    fourth row on): the last t outputs of PyTorch's causal depthwise convolution (+ SiLU) over
-    the carried tail and the chunk, each within (W + 8) roundings of its terms' magnitudes (a
-    sum of W products, then SiLU's few operations), the serial and parallel kernels the same
-    bits, and the new tail the last W − 1 raw inputs."""
+    """`fused.conv` (width 4, fla's and Mamba-2's, has a pass of its own from the chunk's fourth
+    row on), with and without a bias: the last t outputs of PyTorch's causal depthwise
+    convolution (+ SiLU) over the carried tail and the chunk, each within (W + 9) roundings of
+    its terms' magnitudes (a sum of W products and the bias, then SiLU's few operations), the
+    serial and parallel kernels the same bits; `short_conv` the same bits as `conv` without a
+    bias, and its new tail the last W − 1 raw inputs."""
     torch = pytest.importorskip("torch")
+    from linstream.ops.numba_tools import only_version
+
     print(f"seed={SEED}")
     rng = np.random.default_rng(SEED + t + width)
     d = 72
@@ -156,30 +159,34 @@ def test_short_conv_is_torch_conv1d_over_the_tail_and_the_chunk(dtype, width, t)
     tail = rng.standard_normal((width - 1, d)).astype(dtype)
     w = rng.standard_normal((d, width)).astype(dtype)
     full = np.concatenate([tail, x]).astype(np.float64)  # [W−1+t, d]
-    conv = (
-        torch.nn.functional.conv1d(
-            torch.from_numpy(full.T[None]),
-            torch.from_numpy(w.astype(np.float64)[:, None]),
-            groups=d,
-        )[0]
-        .numpy()
-        .T
-    )
     n = full.shape[0] - width + 1
     size = sum(np.abs(w[:, j]) * np.abs(full[j : j + n]) for j in range(width))  # Σ |terms|
-    for silu in (False, True):
-        got, new_tail = fused.short_conv(x, tail, w, silu)
-        want = conv / (1 + np.exp(-conv)) if silu else conv
-        assert got.dtype == dtype and got.shape == (t, d)
-        assert np.all(np.abs(got - want) <= (width + 8) * _u(dtype) * (size + np.abs(want)))
-        np.testing.assert_array_equal(new_tail, full[-(width - 1) :].astype(dtype))
-        outs = []
-        for parallel in (False, True):
-            out = np.empty_like(x)
-            fused._CONV[parallel](x, tail, np.ascontiguousarray(w.T), silu, out)
-            outs.append(out)
-        np.testing.assert_array_equal(outs[0], outs[1])
-        np.testing.assert_array_equal(outs[0], got)
+    for bias in (None, rng.standard_normal(d).astype(dtype)):
+        conv = (
+            torch.nn.functional.conv1d(
+                torch.from_numpy(full.T[None]),
+                torch.from_numpy(w.astype(np.float64)[:, None]),
+                None if bias is None else torch.from_numpy(bias.astype(np.float64)),
+                groups=d,
+            )[0]
+            .numpy()
+            .T
+        )
+        terms = size if bias is None else size + np.abs(bias)
+        for silu in (False, True):
+            want = conv / (1 + np.exp(-conv)) if silu else conv
+            outs = []
+            for parallel in (False, True):
+                with only_version(parallel):
+                    outs.append(fused.conv(x, tail, w, bias, silu))
+            got = outs[0]
+            assert got.dtype == dtype and got.shape == (t, d)
+            assert np.all(np.abs(got - want) <= (width + 9) * _u(dtype) * (terms + np.abs(want)))
+            np.testing.assert_array_equal(outs[0], outs[1])
+            if bias is None:
+                short, new_tail = fused.short_conv(x, tail, w, silu)
+                np.testing.assert_array_equal(short, got)
+                np.testing.assert_array_equal(new_tail, full[-(width - 1) :].astype(dtype))
 
 
 def test_the_thread_count_changes_no_bit():
