@@ -139,14 +139,9 @@ def _tokens(n: int, folder: str | Path | None = None) -> np.ndarray:
 
 
 # -- children ----------------------------------------------------------------------------------
-def _rows_of(x: np.ndarray, w: np.ndarray, out: np.ndarray, r: slice) -> None:
-    from linstream.ops.model.fla import mkl
-
-    mkl.sgemm_rows(x[r], w, out[r])
-
-
-def _packed_rows_of(x: np.ndarray, packed, out: np.ndarray, r: slice) -> None:
-    packed.rows(x[r], 0, out[r])
+def _rows_of(product, x: np.ndarray, out: np.ndarray, r: slice) -> None:
+    """One thread's rows of a product (`row_split`'s call): product(x[r], out=out[r])."""
+    product(x[r], out=out[r])
 
 
 def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
@@ -176,11 +171,12 @@ def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, li
             gemms += [
                 (1, functools.partial(mkl.sgemm_rows, x, w, out, threads)) for threads in (2, 1)
             ]
-            gemms.append((1, functools.partial(halves, functools.partial(_rows_of, x, w, out), t)))
+            rows = functools.partial(_rows_of, functools.partial(mkl.sgemm_rows, w=w), x, out)
+            gemms.append((1, functools.partial(halves, rows, t)))
             if mkl.can_pack(np.float32):
                 packed = mkl.Packed(w, [slice(0, n)])
                 gemms.append((1, functools.partial(packed.rows, x, 0, out)))
-                rows = functools.partial(_packed_rows_of, x, packed, out)
+                rows = functools.partial(_rows_of, functools.partial(packed.rows, j=0), x, out)
                 gemms.append((1, functools.partial(halves, rows, t)))
         out_list.append((2.0 * t * k * n, count, gemms))
     return out_list

@@ -396,7 +396,7 @@ class Weights:
         """The projection of a weight [out, in] as loaded."""
         f32 = self.f32
         rows = f32.rows if f32 is not None else blas_rows
-        pack = f32.pack if f32 is not None and f32.packs else None  # float32 weights only
+        pack = f32.pack if f32 is not None and f32.packs else None  # Dense: float32 weights
         d = Dense(self.held_array(tensor), split=split, engine=self.engine, rows=rows, pack=pack)
         if d.packed is not None:  # a copy in MKL's layout, beside the tensor until it is let go
             self.converted_bytes += d.packed.nbytes

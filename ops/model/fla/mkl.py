@@ -60,14 +60,20 @@ _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162  # C
 _SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 _T, _N = ctypes.c_char_p(b"T"), ctypes.c_char_p(b"N")
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
-#: a weight's dtype -> MKL's (pack size, pack, packed product) functions for it
+_I, _P, _F = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+#: a weight's dtype -> MKL's functions for it, each (name, argument types): the packed size,
+#: the packing and the packed product (bfloat16: alpha at the product; float32: at the packing)
 _PACKING = {
     "bfloat16": (
-        "cblas_gemm_bf16bf16f32_pack_get_size",
-        "cblas_gemm_bf16bf16f32_pack",
-        "cblas_gemm_bf16bf16f32_compute",
+        ("cblas_gemm_bf16bf16f32_pack_get_size", [_I] * 4),
+        ("cblas_gemm_bf16bf16f32_pack", [_I, _I, _I, _I, _I, _I, _P, _I, _P]),
+        ("cblas_gemm_bf16bf16f32_compute", [_I] * 6 + [_F, _P, _I, _P, _I, _F, _P, _I]),
     ),
-    "float32": ("cblas_sgemm_pack_get_size", "cblas_sgemm_pack", "cblas_sgemm_compute"),
+    "float32": (
+        ("cblas_sgemm_pack_get_size", [_I] * 4),
+        ("cblas_sgemm_pack", [_I] * 6 + [_F, _P, _I, _P]),
+        ("cblas_sgemm_compute", [_I] * 6 + [_P, _I, _P, _I, _F, _P, _I]),
+    ),
 }
 
 
@@ -107,7 +113,7 @@ def _loaded() -> tuple[ctypes.CDLL, str]:
     except (OSError, AttributeError) as ex:
         msg = f"{path} has no MKL products (SGEMM, cblas_gemm_bf16bf16f32): {ex}"
         raise MKLUnavailable(msg) from ex
-    i, p, f, size = ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_size_t
+    i, p, f, size = _I, _P, _F, ctypes.c_size_t
     pi = ctypes.POINTER(ctypes.c_int)
     pf = ctypes.POINTER(ctypes.c_float)
     # Fortran SGEMM (column-major, every argument by reference)
@@ -120,17 +126,10 @@ def _loaded() -> tuple[ctypes.CDLL, str]:
         lib.MKL_Set_Threading_Layer.argtypes = [i]
         lib.MKL_Set_Threading_Layer.restype = i
         lib.MKL_Set_Threading_Layer(_SEQUENTIAL)  # before any other call: no OpenMP runtime
-    for get_size, pack, compute in _PACKING.values():
-        if hasattr(lib, pack):
-            getattr(lib, get_size).argtypes = [i, i, i, i]
-            getattr(lib, get_size).restype = size
-            getattr(lib, pack).restype = getattr(lib, compute).restype = None
-    if hasattr(lib, "cblas_gemm_bf16bf16f32_pack"):  # bfloat16: no alpha at the packing
-        lib.cblas_gemm_bf16bf16f32_pack.argtypes = [i, i, i, i, i, i, p, i, p]
-        lib.cblas_gemm_bf16bf16f32_compute.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
-    if hasattr(lib, "cblas_sgemm_pack"):  # float32: alpha at the packing, none at the product
-        lib.cblas_sgemm_pack.argtypes = [i, i, i, i, i, i, f, p, i, p]
-        lib.cblas_sgemm_compute.argtypes = [i, i, i, i, i, i, p, i, p, i, f, p, i]
+    for functions in _PACKING.values():
+        if hasattr(lib, functions[1][0]):
+            for (fname, argtypes), restype in zip(functions, (size, None, None), strict=True):
+                getattr(lib, fname).argtypes, getattr(lib, fname).restype = argtypes, restype
     if package:
         name = f"Intel's mkl package {importlib.metadata.version('mkl')}"
     else:
@@ -158,7 +157,7 @@ def can_pack(dtype: Any = "bfloat16") -> bool:
     """Whether the library packs weights of this dtype: bfloat16 (Intel's package does,
     PyTorch's copy not) or float32 (both do)."""
     kind = _kind(dtype)
-    return kind is not None and hasattr(library(), _PACKING[kind][1])
+    return kind is not None and hasattr(library(), _PACKING[kind][1][0])
 
 
 @contextlib.contextmanager
@@ -274,7 +273,7 @@ class Packed:
         lib = library()
         self.n, self.k = _weight(w)
         self.dtype, self.ranges = w.dtype, tuple(ranges)
-        get_size, pack, compute = (getattr(lib, name) for name in _PACKING[kind])
+        get_size, pack, compute = (getattr(lib, name) for name, _ in _PACKING[kind])
         self._compute = compute
         k = self.k
         alpha = (1.0,) if kind == "float32" else ()  # sgemm_pack scales by alpha as it packs
