@@ -46,8 +46,9 @@ quiet one):
   GLA folder and the runtime's own loop over the same tokens and chunks (2,048 and 64), each in
   a fresh process; the command's streaming rate (its start-up cancelled by a second run on half
   the sequences) over the loop's, asserted at the bench size (≥ 0.95 and ≥ 0.8), and its rate
-  over the whole run printed beside it.  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence
-  (four sequences).
+  over the whole run printed beside it; the three runs repeated in ABBA order and summed (the
+  machine's drift cancels to first order).  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence
+  (four sequences); LINSTREAM_BENCH_EMBED_REPEATS: repeats (2).
 - the mapped load (`test_bench_mapped_load`): a ~1.3B GLA folder in bfloat16 loaded in the
   bfloat16 mode in a fresh process: seconds, the weights as held, the growth of the process's
   high-water mark and of its anonymous memory (a mapped load adds file pages, not copies).
@@ -119,6 +120,8 @@ EMBED_TOKENS = int(
     os.environ.get("LINSTREAM_BENCH_EMBED_TOKENS", 1024 if SIZE == "tiny" else 16384)
 )
 EMBED_RATIOS = {CHUNK: 0.95, SMALL: 0.8}  # the command keeps this share of the loop's tokens/s
+# the loop and the command's two runs, this many times per chunk size, in ABBA order
+EMBED_REPEATS = int(os.environ.get("LINSTREAM_BENCH_EMBED_REPEATS", "2"))
 SMALL_RATIO = 0.5  # 64-token chunks keep at least half the 2,048-token chunks' tokens/s
 
 
@@ -534,32 +537,67 @@ def test_the_target_line_says_met_or_not_met():
 _SUMMARY = re.compile(r"([\d,]+) tokens in ([\d.]+) s \(([\d,]+) tokens/s\)")
 
 
-def _embed_job(tmp_path: Path, folder: Path, chunk: int, sequences: int) -> tuple[int, float]:
-    """`linstream embed` on the first `sequences` of the workload: (tokens, seconds) as its
-    summary line prints them (its pipeline's wall time: the model load and the process start-up
-    excluded)."""
+def _embed_job(tmp_path: Path, folder: Path, chunk: int, sequences: int, rep: int) -> dict:
+    """`linstream embed` on the first `sequences` of the workload, into folders of its own
+    (a run into another run's checkpoints would resume it): its tokens and seconds as its
+    summary line prints them (its pipeline's wall time: the model load and the process
+    start-up excluded)."""
     inp = tmp_path / f"in-{sequences}.jsonl"
     _embed_input(inp, str(folder), sequences)
+    name = f"{chunk}-{sequences}-{rep}"
     cmd = [
         str(Path(sys.executable).with_name("linstream")), "embed", "--model", str(folder),
         "--input", str(inp), "--input-format", "tokens-jsonl",
         "--chunk-tokens", str(chunk), "--emit", "mean", "--progress-every", "0",
-        "--output", str(tmp_path / f"out-{chunk}-{sequences}"),
-        "--checkpoint-dir", str(tmp_path / f"ckpt-{chunk}-{sequences}"),
+        "--output", str(tmp_path / f"out-{name}"),
+        "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
     ]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=7200)
     assert r.returncode == 0, r.stdout + r.stderr
     found = _SUMMARY.findall(r.stdout + r.stderr)
     assert found, r.stdout + r.stderr
-    return int(found[-1][0].replace(",", "")), float(found[-1][1])
+    return {"tokens": int(found[-1][0].replace(",", "")), "seconds": float(found[-1][1])}
+
+
+def embed_rates(runs: dict[str, list[dict]]) -> dict[str, float]:
+    """The rates of the loop's and the command's runs ("loop", "half", "whole": lists of
+    {"tokens", "seconds"}), each summed over its repeats: the loop's tokens/s, the command's
+    over the whole run, its streaming rate (the whole runs' tokens beyond the half runs' over
+    the difference of their seconds) and its start-up (a whole run's mean seconds beyond its
+    tokens at the streaming rate)."""
+    tok, sec = ({k: sum(r[f] for r in v) for k, v in runs.items()} for f in ("tokens", "seconds"))
+    # (the summary prints tenths of a second: at the tiny size the runs may tie)
+    streaming = (tok["whole"] - tok["half"]) / max(sec["whole"] - sec["half"], 0.05)
+    n = len(runs["whole"])
+    return {
+        "loop": tok["loop"] / sec["loop"],
+        "whole": tok["whole"] / sec["whole"],
+        "streaming": streaming,
+        "startup": (sec["whole"] - tok["whole"] / streaming) / n,
+    }
+
+
+def test_embed_rates_sum_their_repeats_and_cancel_the_start_up():
+    """A command with 2 s of start-up streaming 100 tokens/s, its runs drifting 10% slower
+    over the repeats (as this machine does): the rates come out as made."""
+    runs: dict[str, list[dict]] = {"loop": [], "half": [], "whole": []}
+    for drift in (1.0, 1.1):
+        runs["loop"].append({"tokens": 400, "seconds": 4.0 * drift})
+        runs["half"].append({"tokens": 200, "seconds": 2.0 + 2.0 * drift})
+        runs["whole"].append({"tokens": 400, "seconds": 2.0 + 4.0 * drift})
+    got = embed_rates(runs)
+    assert got["loop"] == pytest.approx(800 / 8.4)
+    assert got["streaming"] == pytest.approx(400 / 4.2)
+    assert got["startup"] == pytest.approx(2.0)
+    assert got["whole"] == pytest.approx(800 / 12.4)
 
 
 @pytest.mark.bench
 def test_bench_embed_against_the_loop(tmp_path):
     """`linstream embed` (the command, Beam's FnApiRunner, --emit mean, checkpoints) on the GLA
     folder against the runtime's own loop over the same tokens and chunks, each in a fresh
-    process, the loop first then the command (its Numba kernels then come from the cache the
-    loop filled), at CHUNK- and SMALL-token chunks.
+    process (the command's Numba kernels come from the cache the first loop filled), at CHUNK-
+    and SMALL-token chunks.
 
     The command runs twice, on half the workload's sequences and on all of them: its rate on
     the whole workload (tokens / its pipeline's wall time) includes the job's fixed start-up
@@ -567,6 +605,10 @@ def test_bench_embed_against_the_loop(tmp_path):
     longer stream amortizes; its streaming rate is the second half's tokens over the
     difference of the two wall times (the start-up cancels), and the start-up is what the
     whole run took beyond its tokens at that rate.  The loop's rate excludes its warm-up.
+    The three runs (loop, half, whole) repeat EMBED_REPEATS times in ABBA order (then whole,
+    half, loop) and each rate is of their sums (`embed_rates`): this machine's speed drifts
+    over minutes, and a drift between one half run and one whole run once made the start-up
+    negative and the streaming rate 0.91 of the loop's, where the next run read 1.18.
     Asserted: the streaming rate over the loop's (≥ 0.95 and ≥ 0.8); both ratios printed."""
     from helpers.fla_folders import write_folder
 
@@ -574,8 +616,8 @@ def test_bench_embed_against_the_loop(tmp_path):
     half = EMBED_SEQUENCES // 2
     lines = [
         f"`linstream embed` against the runtime's loop: GLA, {EMBED_SEQUENCES} sequences of "
-        f"{EMBED_TOKENS:,} tokens (and the first {half} alone), --emit mean; load average at "
-        f"the start {_load()}",
+        f"{EMBED_TOKENS:,} tokens (and the first {half} alone), --emit mean, {EMBED_REPEATS} "
+        f"repeats in ABBA order; load average at the start {_load()}",
         "",
         "| chunk | loop tok/s | embed tok/s, whole run (ratio) | embed streaming tok/s (ratio) | "
         "embed start-up s | promised (streaming) |",
@@ -583,19 +625,23 @@ def test_bench_embed_against_the_loop(tmp_path):
     ]
     got = {}
     for chunk, promised in EMBED_RATIOS.items():
-        loop = _run("loop", str(folder), str(chunk))
-        tok_half, s_half = _embed_job(tmp_path, folder, chunk, half)
-        tokens, seconds = _embed_job(tmp_path, folder, chunk, EMBED_SEQUENCES)
-        assert tokens == loop["tokens"] == 2 * tok_half, (tokens, tok_half, loop)
-        loop_rate = loop["tokens"] / loop["seconds"]
-        whole = tokens / seconds
-        # (the summary prints tenths of a second: at the tiny size the two runs may tie)
-        streaming = (tokens - tok_half) / max(seconds - s_half, 0.05)
-        startup = seconds - tokens / streaming
-        got[chunk] = streaming / loop_rate
+        jobs = {
+            "loop": lambda c=chunk, r=0: _run("loop", str(folder), str(c)),
+            "half": lambda c=chunk, r=0: _embed_job(tmp_path, folder, c, half, r),
+            "whole": lambda c=chunk, r=0: _embed_job(tmp_path, folder, c, EMBED_SEQUENCES, r),
+        }
+        runs: dict[str, list[dict]] = {k: [] for k in jobs}
+        for rep in range(EMBED_REPEATS):
+            for name in list(jobs) if rep % 2 == 0 else list(jobs)[::-1]:
+                runs[name].append(jobs[name](r=rep))
+        for rl, rh, rw in zip(runs["loop"], runs["half"], runs["whole"], strict=True):
+            assert rw["tokens"] == rl["tokens"] == 2 * rh["tokens"], (rl, rh, rw)
+        rate = embed_rates(runs)
+        got[chunk] = rate["streaming"] / rate["loop"]
         lines.append(
-            f"| {chunk} | {loop_rate:.0f} | {whole:.0f} ({whole / loop_rate:.2f}) | "
-            f"{streaming:.0f} ({got[chunk]:.2f}) | {startup:.1f} | ≥ {promised} |"
+            f"| {chunk} | {rate['loop']:.0f} | {rate['whole']:.0f} "
+            f"({rate['whole'] / rate['loop']:.2f}) | {rate['streaming']:.0f} ({got[chunk]:.2f}) "
+            f"| {rate['startup']:.1f} | ≥ {promised} |"
         )
     lines.append(f"load average at the end {_load()}")
     print("\n" + "\n".join(lines))
