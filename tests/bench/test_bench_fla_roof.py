@@ -44,11 +44,11 @@ quiet one):
   products are emulated (a line under the table says which).
 - `linstream embed` against the loop (`test_bench_embed_against_the_loop`): the command on the
   GLA folder and the runtime's own loop over the same tokens and chunks (2,048 and 64), each in
-  a fresh process; the command's streaming rate (its start-up cancelled by a second run on half
-  the sequences) over the loop's, asserted at the bench size (≥ 0.95 and ≥ 0.8), and its rate
-  over the whole run printed beside it; the three runs repeated in ABBA order and summed (the
-  machine's drift cancels to first order).  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence
-  (four sequences); LINSTREAM_BENCH_EMBED_REPEATS: repeats (2).
+  a fresh process; the command's streaming rate (from its progress lines) over the loop's,
+  asserted at the bench size (≥ 0.95 and ≥ 0.8), and its rate over the whole run printed beside
+  it; the loop and the command repeated in ABBA order and summed (the machine's drift cancels
+  to first order).  LINSTREAM_BENCH_EMBED_TOKENS: tokens per sequence (four sequences);
+  LINSTREAM_BENCH_EMBED_REPEATS: runs of each (2).
 - the mapped load (`test_bench_mapped_load`): a ~1.3B GLA folder in bfloat16 loaded in the
   bfloat16 mode in a fresh process: seconds, the weights as held, the growth of the process's
   high-water mark and of its anonymous memory (a mapped load adds file pages, not copies).
@@ -120,7 +120,7 @@ EMBED_TOKENS = int(
     os.environ.get("LINSTREAM_BENCH_EMBED_TOKENS", 1024 if SIZE == "tiny" else 16384)
 )
 EMBED_RATIOS = {CHUNK: 0.95, SMALL: 0.8}  # the command keeps this share of the loop's tokens/s
-# the loop and the command's two runs, this many times per chunk size, in ABBA order
+# the loop and the command, this many runs of each per chunk size, in ABBA order
 EMBED_REPEATS = int(os.environ.get("LINSTREAM_BENCH_EMBED_REPEATS", "2"))
 SMALL_RATIO = 0.5  # 64-token chunks keep at least half the 2,048-token chunks' tokens/s
 
@@ -535,20 +535,39 @@ def test_the_target_line_says_met_or_not_met():
 
 
 _SUMMARY = re.compile(r"([\d,]+) tokens in ([\d.]+) s \(([\d,]+) tokens/s\)")
+# the progress line: tokens so far (of a total, when known) and their rate since the stage began
+_PROGRESS = re.compile(r"linstream: ([\d,]+) (?:/ [\d,]+ )?tokens .*?chunks, ([\d,]+) tokens/s")
 
 
-def _embed_job(tmp_path: Path, folder: Path, chunk: int, sequences: int, rep: int) -> dict:
-    """`linstream embed` on the first `sequences` of the workload, into folders of its own
-    (a run into another run's checkpoints would resume it): its tokens and seconds as its
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def streaming(log: str) -> tuple[int, float]:
+    """From a run's progress lines: (tokens, seconds) between its first line and its last
+    (each line's seconds since the stage began are its tokens over its rate), so the job's
+    start-up, its first line's wait and its last commits are outside; (0, 0.0) with fewer than
+    two lines."""
+    points = [(_number(t), _number(r)) for t, r in _PROGRESS.findall(log)]
+    points = [(t, t / r) for t, r in points if r > 0]
+    if len(points) < 2:
+        return 0, 0.0
+    (t0, s0), (t1, s1) = points[0], points[-1]
+    return t1 - t0, s1 - s0
+
+
+def _embed_job(tmp_path: Path, folder: Path, chunk: int, rep: int) -> dict:
+    """`linstream embed` on the workload, into folders of its own (a run into another run's
+    checkpoints would resume it), a progress line a second: its tokens and seconds as its
     summary line prints them (its pipeline's wall time: the model load and the process
-    start-up excluded)."""
-    inp = tmp_path / f"in-{sequences}.jsonl"
-    _embed_input(inp, str(folder), sequences)
-    name = f"{chunk}-{sequences}-{rep}"
+    start-up excluded), and its streaming tokens and seconds (`streaming`)."""
+    inp = tmp_path / "in.jsonl"
+    _embed_input(inp, str(folder), EMBED_SEQUENCES)
+    name = f"{chunk}-{rep}"
     cmd = [
         str(Path(sys.executable).with_name("linstream")), "embed", "--model", str(folder),
         "--input", str(inp), "--input-format", "tokens-jsonl",
-        "--chunk-tokens", str(chunk), "--emit", "mean", "--progress-every", "0",
+        "--chunk-tokens", str(chunk), "--emit", "mean", "--progress-every", "1",
         "--output", str(tmp_path / f"out-{name}"),
         "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
     ]  # fmt: skip
@@ -556,40 +575,59 @@ def _embed_job(tmp_path: Path, folder: Path, chunk: int, sequences: int, rep: in
     assert r.returncode == 0, r.stdout + r.stderr
     found = _SUMMARY.findall(r.stdout + r.stderr)
     assert found, r.stdout + r.stderr
-    return {"tokens": int(found[-1][0].replace(",", "")), "seconds": float(found[-1][1])}
-
-
-def embed_rates(runs: dict[str, list[dict]]) -> dict[str, float]:
-    """The rates of the loop's and the command's runs ("loop", "half", "whole": lists of
-    {"tokens", "seconds"}), each summed over its repeats: the loop's tokens/s, the command's
-    over the whole run, its streaming rate (the whole runs' tokens beyond the half runs' over
-    the difference of their seconds) and its start-up (a whole run's mean seconds beyond its
-    tokens at the streaming rate)."""
-    tok, sec = ({k: sum(r[f] for r in v) for k, v in runs.items()} for f in ("tokens", "seconds"))
-    # (the summary prints tenths of a second: at the tiny size the runs may tie)
-    streaming = (tok["whole"] - tok["half"]) / max(sec["whole"] - sec["half"], 0.05)
-    n = len(runs["whole"])
+    tokens, seconds = streaming(r.stderr)
     return {
-        "loop": tok["loop"] / sec["loop"],
-        "whole": tok["whole"] / sec["whole"],
-        "streaming": streaming,
-        "startup": (sec["whole"] - tok["whole"] / streaming) / n,
+        "tokens": _number(found[-1][0]),
+        "seconds": float(found[-1][1]),
+        "streaming_tokens": tokens,
+        "streaming_seconds": seconds,
     }
 
 
-def test_embed_rates_sum_their_repeats_and_cancel_the_start_up():
-    """A command with 2 s of start-up streaming 100 tokens/s, its runs drifting 10% slower
-    over the repeats (as this machine does): the rates come out as made."""
-    runs: dict[str, list[dict]] = {"loop": [], "half": [], "whole": []}
-    for drift in (1.0, 1.1):
-        runs["loop"].append({"tokens": 400, "seconds": 4.0 * drift})
-        runs["half"].append({"tokens": 200, "seconds": 2.0 + 2.0 * drift})
-        runs["whole"].append({"tokens": 400, "seconds": 2.0 + 4.0 * drift})
-    got = embed_rates(runs)
+def embed_rates(loops: list[dict], jobs: list[dict]) -> dict[str, float]:
+    """The loop's runs ({"tokens", "seconds"}) and the command's (`_embed_job`), each kind
+    summed over its repeats: the loop's tokens/s, the command's over its whole runs and while
+    streaming, and its start-up (a whole run's mean seconds beyond its tokens at the
+    streaming rate)."""
+    loop = sum(r["tokens"] for r in loops) / sum(r["seconds"] for r in loops)
+    tokens, seconds = sum(r["tokens"] for r in jobs), sum(r["seconds"] for r in jobs)
+    # (at the tiny size a run may end before its second progress line: its whole rate then)
+    stream_s = sum(r["streaming_seconds"] for r in jobs)
+    rate = sum(r["streaming_tokens"] for r in jobs) / stream_s if stream_s else tokens / seconds
+    return {
+        "loop": loop,
+        "whole": tokens / seconds,
+        "streaming": rate,
+        "startup": (seconds - tokens / rate) / len(jobs),
+    }
+
+
+def test_the_streaming_rate_is_read_between_the_first_and_the_last_progress_line():
+    """Lines of a job streaming 100 tokens/s after a slower start, then 50 tokens/s (as this
+    machine drifts), with and without a total: the tokens and seconds between the first and
+    the last line; the repeats' sums; the start-up beyond the streaming rate."""
+    log = "\n".join(
+        [
+            "linstream embed: compute dtype float32: ...",
+            "linstream: 1,000 tokens in 10 chunks, 500 tokens/s",  # 2 s
+            "linstream: 1,100 tokens in 11 chunks, 366 tokens/s",  # 3 s
+            "linstream: 1,200 / 9,000 tokens (13.3%) in 12 chunks, 300 tokens/s, ETA 26 s",  # 4 s
+            "linstream embed: 12 chunks, 1,200 tokens in 6.0 s (200 tokens/s); duplicates 0",
+        ]
+    )
+    tokens, seconds = streaming(log)
+    assert tokens == 200 and seconds == pytest.approx(2.0)
+    assert streaming(log.splitlines()[1]) == (0, 0.0)
+    loops = [{"tokens": 400, "seconds": 4.0}, {"tokens": 400, "seconds": 4.4}]
+    jobs = [
+        {"tokens": 1200, "seconds": 6.0, "streaming_tokens": 200, "streaming_seconds": 2.0},
+        {"tokens": 1200, "seconds": 10.0, "streaming_tokens": 200, "streaming_seconds": 4.0},
+    ]
+    got = embed_rates(loops, jobs)
     assert got["loop"] == pytest.approx(800 / 8.4)
-    assert got["streaming"] == pytest.approx(400 / 4.2)
-    assert got["startup"] == pytest.approx(2.0)
-    assert got["whole"] == pytest.approx(800 / 12.4)
+    assert got["streaming"] == pytest.approx(400 / 6.0)
+    assert got["whole"] == pytest.approx(2400 / 16.0)
+    assert got["startup"] == pytest.approx((16.0 - 2400 / (400 / 6.0)) / 2)
 
 
 @pytest.mark.bench
@@ -599,25 +637,23 @@ def test_bench_embed_against_the_loop(tmp_path):
     process (the command's Numba kernels come from the cache the first loop filled), at CHUNK-
     and SMALL-token chunks.
 
-    The command runs twice, on half the workload's sequences and on all of them: its rate on
-    the whole workload (tokens / its pipeline's wall time) includes the job's fixed start-up
-    (Beam's stages, the kernels loaded from the cache, the final commits and files), which a
-    longer stream amortizes; its streaming rate is the second half's tokens over the
-    difference of the two wall times (the start-up cancels), and the start-up is what the
-    whole run took beyond its tokens at that rate.  The loop's rate excludes its warm-up.
-    The three runs (loop, half, whole) repeat EMBED_REPEATS times in ABBA order (then whole,
-    half, loop) and each rate is of their sums (`embed_rates`): this machine's speed drifts
-    over minutes, and a drift between one half run and one whole run once made the start-up
-    negative and the streaming rate 0.91 of the loop's, where the next run read 1.18.
+    The command's rate over its whole run (tokens / its pipeline's wall time) includes the
+    job's fixed start-up (Beam's stages, the kernels loaded from the cache, the final commits
+    and files), which a longer stream amortizes; its streaming rate is read from its progress
+    lines (one a second: the tokens and seconds between the first and the last), and its
+    start-up is what a run took beyond its tokens at that rate.  The loop's rate excludes its
+    warm-up.  The loop and the command run EMBED_REPEATS times each in ABBA order (loop,
+    command, then command, loop) and each rate is of their sums (`embed_rates`): this machine's
+    speed drifts over minutes.  (Cancelling the start-up with a second run on half the
+    sequences instead read start-ups of −3 to 20 s: a drift between two runs decided them.)
     Asserted: the streaming rate over the loop's (≥ 0.95 and ≥ 0.8); both ratios printed."""
     from helpers.fla_folders import write_folder
 
     folder = write_folder(tmp_path / "gla", CONFIGS["gla"], dtype="BF16", seed=SEED)
-    half = EMBED_SEQUENCES // 2
     lines = [
         f"`linstream embed` against the runtime's loop: GLA, {EMBED_SEQUENCES} sequences of "
-        f"{EMBED_TOKENS:,} tokens (and the first {half} alone), --emit mean, {EMBED_REPEATS} "
-        f"repeats in ABBA order; load average at the start {_load()}",
+        f"{EMBED_TOKENS:,} tokens, --emit mean, {EMBED_REPEATS} runs of each in ABBA order; "
+        f"load average at the start {_load()}",
         "",
         "| chunk | loop tok/s | embed tok/s, whole run (ratio) | embed streaming tok/s (ratio) | "
         "embed start-up s | promised (streaming) |",
@@ -625,18 +661,16 @@ def test_bench_embed_against_the_loop(tmp_path):
     ]
     got = {}
     for chunk, promised in EMBED_RATIOS.items():
-        jobs = {
-            "loop": lambda c=chunk, r=0: _run("loop", str(folder), str(c)),
-            "half": lambda c=chunk, r=0: _embed_job(tmp_path, folder, c, half, r),
-            "whole": lambda c=chunk, r=0: _embed_job(tmp_path, folder, c, EMBED_SEQUENCES, r),
-        }
-        runs: dict[str, list[dict]] = {k: [] for k in jobs}
+        loops: list[dict] = []
+        jobs: list[dict] = []
         for rep in range(EMBED_REPEATS):
-            for name in list(jobs) if rep % 2 == 0 else list(jobs)[::-1]:
-                runs[name].append(jobs[name](r=rep))
-        for rl, rh, rw in zip(runs["loop"], runs["half"], runs["whole"], strict=True):
-            assert rw["tokens"] == rl["tokens"] == 2 * rh["tokens"], (rl, rh, rw)
-        rate = embed_rates(runs)
+            for kind in ("loop", "job") if rep % 2 == 0 else ("job", "loop"):
+                if kind == "loop":
+                    loops.append(_run("loop", str(folder), str(chunk)))
+                else:
+                    jobs.append(_embed_job(tmp_path, folder, chunk, rep))
+                    assert jobs[-1]["tokens"] == loops[0]["tokens"], (jobs[-1], loops[0])
+        rate = embed_rates(loops, jobs)
         got[chunk] = rate["streaming"] / rate["loop"]
         lines.append(
             f"| {chunk} | {rate['loop']:.0f} | {rate['whole']:.0f} "
