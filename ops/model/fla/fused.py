@@ -295,10 +295,11 @@ def silu(x: np.ndarray) -> np.ndarray:
 def conv(
     x: np.ndarray, tail: np.ndarray, w: np.ndarray, bias: np.ndarray | None, silu_after: bool
 ) -> np.ndarray:
-    """bias + the depthwise causal convolution of width W over x [T, D] (C-contiguous float32 or
-    float64), its first rows reading tail [W−1, D] (any float dtype: the raw inputs before the
-    chunk), w [D, W] the newest input meeting w[:, W−1], bias [D] or None; SiLU'd if
-    silu_after.  A new [T, D] in x's dtype."""
+    """bias + the depthwise causal convolution of width W over x [T, D] (float32 or float64;
+    rows of any stride, but a strided view's loops vectorize worse, so `mamba2_passes` copies its
+    view of the in-projection first), its first rows reading tail [W−1, D] (any float dtype:
+    the raw inputs before the chunk), w [D, W] the newest input meeting w[:, W−1], bias [D] or
+    None; SiLU'd if silu_after.  A new C-contiguous [T, D] in x's dtype."""
     head = np.ascontiguousarray(tail, dtype=x.dtype)
     wt = np.ascontiguousarray(w.T, dtype=x.dtype)
     b = np.zeros(x.shape[1], x.dtype) if bias is None else np.asarray(bias, dtype=x.dtype)
