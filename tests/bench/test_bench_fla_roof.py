@@ -331,12 +331,12 @@ def run_llama(folder: str) -> dict:
     return out
 
 
-def _embed_input(path: Path, folder: str, sequences: int) -> None:
-    """The first `sequences` of the embed workload's token sequences (EMBED_TOKENS each),
-    written as tokens-jsonl at path."""
+def _embed_input(path: Path, folder: str) -> None:
+    """The embed workload's EMBED_SEQUENCES token sequences (EMBED_TOKENS each), written as
+    tokens-jsonl at path."""
     ids = _tokens(EMBED_SEQUENCES * EMBED_TOKENS, folder).reshape(EMBED_SEQUENCES, -1)
     with open(path, "w") as f:
-        for i, seq in enumerate(ids[:sequences]):
+        for i, seq in enumerate(ids):
             f.write(json.dumps({"id": f"s{i}", "tokens": seq.tolist()}) + "\n")
 
 
@@ -556,13 +556,11 @@ def streaming(log: str) -> tuple[int, float]:
     return t1 - t0, s1 - s0
 
 
-def _embed_job(tmp_path: Path, folder: Path, chunk: int, rep: int) -> dict:
-    """`linstream embed` on the workload, into folders of its own (a run into another run's
-    checkpoints would resume it), a progress line a second: its tokens and seconds as its
-    summary line prints them (its pipeline's wall time: the model load and the process
-    start-up excluded), and its streaming tokens and seconds (`streaming`)."""
-    inp = tmp_path / "in.jsonl"
-    _embed_input(inp, str(folder), EMBED_SEQUENCES)
+def _embed_job(tmp_path: Path, folder: Path, inp: Path, chunk: int, rep: int) -> dict:
+    """`linstream embed` on the workload (inp, written once), into folders of its own (a run
+    into another run's checkpoints would resume it), a progress line a second: its tokens and
+    seconds as its summary line prints them (its pipeline's wall time: the model load and the
+    process start-up excluded), and its streaming tokens and seconds (`streaming`)."""
     name = f"{chunk}-{rep}"
     cmd = [
         str(Path(sys.executable).with_name("linstream")), "embed", "--model", str(folder),
@@ -650,6 +648,8 @@ def test_bench_embed_against_the_loop(tmp_path):
     from helpers.fla_folders import write_folder
 
     folder = write_folder(tmp_path / "gla", CONFIGS["gla"], dtype="BF16", seed=SEED)
+    inp = tmp_path / "in.jsonl"
+    _embed_input(inp, str(folder))
     lines = [
         f"`linstream embed` against the runtime's loop: GLA, {EMBED_SEQUENCES} sequences of "
         f"{EMBED_TOKENS:,} tokens, --emit mean, {EMBED_REPEATS} runs of each in ABBA order; "
@@ -668,7 +668,7 @@ def test_bench_embed_against_the_loop(tmp_path):
                 if kind == "loop":
                     loops.append(_run("loop", str(folder), str(chunk)))
                 else:
-                    jobs.append(_embed_job(tmp_path, folder, chunk, rep))
+                    jobs.append(_embed_job(tmp_path, folder, inp, chunk, rep))
                     assert jobs[-1]["tokens"] == loops[0]["tokens"], (jobs[-1], loops[0])
         rate = embed_rates(loops, jobs)
         got[chunk] = rate["streaming"] / rate["loop"]
