@@ -21,7 +21,9 @@ slower).
 
 The helpers are one `concurrent.futures.ThreadPoolExecutor` per thread count, shared by every
 caller of the process (several Beam threads may embed at once; each runs what the helpers
-leave), started on first use; a forked child starts its own.  Taking a range back is
+leave), started on first use; a forked child starts its own.  (A short chunk's packed products
+go to the spinning helpers of `linstream.ops.model.fla.packed_batch` instead, where it takes
+them.)  Taking a range back is
 cancelling its future, which succeeds only while no helper has started it.  The work must
 release the GIL to overlap: NumPy's matrix products and the `nogil` Numba kernels do; the
 Python between them is short.

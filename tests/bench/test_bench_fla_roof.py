@@ -208,7 +208,7 @@ def run_modes(folder: str) -> dict:
     the GEMM roof, so that every ratio (bfloat16 over float32, small over large chunks, the
     share of the roof) is read from the same minutes of a machine whose speed drifts."""
     from helpers.fla_profile import Profile
-    from linstream.ops.model.fla import dense, load_model
+    from linstream.ops.model.fla import dense, load_model, packed_batch
 
     ids = _tokens(CHUNK * (ROUNDS + 2), folder)
     models = {mode: load_model(folder, compute_dtype=mode) for mode in MODES}
@@ -241,7 +241,9 @@ def run_modes(folder: str) -> dict:
     flops = sum(f * count for f, count, _ in gemms)
     big = dict.fromkeys(MODES, 0.0)
     small = dict.fromkeys(MODES, 0.0)
-    states: dict = {(mode, size): None for mode in MODES for size in ("big", "small")}
+    pooled = dict.fromkeys(MODES, 0.0)  # small chunks with every hand-off on the pool
+    sizes = ("big", "small", "pooled")
+    states: dict = {(mode, size): None for mode in MODES for size in sizes}
     roof_s = 0.0
     for r in range(ROUNDS):
         part = ids[(r + 1) * CHUNK : (r + 2) * CHUNK]
@@ -255,6 +257,13 @@ def run_modes(folder: str) -> dict:
                     part[a : a + SMALL], states[mode, "small"]
                 )
             small[mode] += time.perf_counter() - t0
+            with packed_batch.disabled():
+                t0 = time.perf_counter()
+                for a in range(0, CHUNK, SMALL):
+                    _, states[mode, "pooled"] = model.embed_chunk(
+                        part[a : a + SMALL], states[mode, "pooled"]
+                    )
+                pooled[mode] += time.perf_counter() - t0
         roof_s += _roof_seconds(gemms)
     roof = flops * ROUNDS / roof_s / 1e9
     out = {}
@@ -263,6 +272,7 @@ def run_modes(folder: str) -> dict:
         out[mode] = {
             "tokens_per_s": ROUNDS * CHUNK / big[mode],
             "small_tokens_per_s": ROUNDS * CHUNK / small[mode],
+            "small_pooled_tokens_per_s": ROUNDS * CHUNK / pooled[mode],
             "achieved_gflops": flops * ROUNDS / big[mode] / 1e9,
             "roof_gflops": roof,
             "profile": profiles[mode],
@@ -439,7 +449,7 @@ def test_bench_fla_roof(tmp_path):
         "error vs fla float32 | weights held |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    engines, ratios = set(), {}
+    engines, ratios, helpers = set(), {}, []
     rates: dict[str, dict[str, float]] = {}  # per family: each mode's and llama.cpp's tok/s
     llama_commit = ""
     for family in FAMILIES:
@@ -464,6 +474,8 @@ def test_bench_fla_roof(tmp_path):
             err = _rel_rms(np.load(folder / f"linstream_{mode}.npy"), ref)
             ratio = r["small_tokens_per_s"] / r["tokens_per_s"]
             ratios[family, mode] = ratio
+            gain = r["small_tokens_per_s"] / r["small_pooled_tokens_per_s"]
+            helpers.append(f"{family} {mode} {gain:.2f}x")
             p = r["profile"]
             prof = " / ".join(
                 f"{p[k]:.0%}"
@@ -478,6 +490,10 @@ def test_bench_fla_roof(tmp_path):
                 f"{err:.2e} | {r['held_bytes'] / mib:.0f} MiB |"
             )
     lines += ["", *(f"engine: {e}" for e in sorted(engines))]
+    lines.append(
+        f"{SMALL}-token chunks with the spinning helpers over the same with every hand-off on "
+        f"the pool (LINSTREAM_SPIN_US=0), interleaved: {', '.join(helpers)}"
+    )
     if llama_commit:
         lines.append(
             f"llama.cpp {llama_commit[:9]}: llama-bench -p {CHUNK} -n 0 -t 2 -r {LLAMA_REPS} on "

@@ -49,6 +49,9 @@ The contract (what a family may rely on, and what a compute mode may change):
   chunk's row ranges of every part, and a short chunk's parts each as one whole call on one
   thread (measured in the bfloat16 mode at 64 tokens: MKL gains nothing from cutting a
   768-wide product in two, and each hand-off costs tens of microseconds here).
+- A short chunk's calls of packed weights (each an `mkl.Cell`, a part's an `mkl.Group`) run
+  on `packed_batch`'s spinning helpers where it takes them (a hand-off there costs no wake-up
+  and no GIL), else on `split`'s threads; the same calls either way, so the same bits.
 - `weights.fused` keeps its parts apart (one product each, of the same input): measured on the
   ~110M models' shapes at 64 and 2,048 rows, one product per part ran as fast as one product
   of the concatenated weight (0.84-1.17x, within the noise), and the parts need no copy.
@@ -70,6 +73,7 @@ from . import mkl
 from .bf16 import BF16, Engine, choose_engine, widened
 from .compute import HOST, Compute
 from .f32 import Rows, blas_rows, choose_f32_products
+from .mkl import Cell, Group
 
 __all__ = [
     "MODES",
@@ -150,7 +154,10 @@ def _run(calls: Sequence[Call], split: RowSplit | None) -> None:
         for call in calls:
             call()
     else:
-        split.each(calls)
+        from . import packed_batch  # Numba, on the host only
+
+        if not packed_batch.run(calls, split.threads):  # a short chunk's packed products
+            split.each(calls)
 
 
 def _widening(rows: Rows) -> Rows:
@@ -168,19 +175,10 @@ def _packed_calls(
     t = x.shape[0]
     y = np.empty((t, packed.n), np.float32)
     rows = row_ranges(t) if split is not None and t >= 2 * MIN_ROWS else [slice(0, t)]
-    cells: list[Call] = [
-        functools.partial(packed.rows, x[r], j, y[r])
-        for r in rows
-        for j in range(len(packed.ranges))
-    ]
+    cells = [Cell(packed, x[r], j, y[r]) for r in rows for j in range(len(packed.ranges))]
     if split is None or (t < 2 * MIN_ROWS and (part or packed.n * packed.k < SMALL_WEIGHT)):
-        return y, [functools.partial(_each, cells)]
-    return y, cells
-
-
-def _each(calls: Sequence[Call]) -> None:
-    for call in calls:
-        call()
+        return y, [Group(cells)]
+    return y, list(cells)
 
 
 class Dense:

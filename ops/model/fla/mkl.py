@@ -7,6 +7,11 @@ is not imported); each call at one MKL thread.
     packed = Packed(w, ranges)   # w's column ranges in MKL's packed form (bfloat16 or
                                  # float32 w: `can_pack(w.dtype)`)
     packed.rows(x, j, out)       # out[:, ranges[j]] = x @ w[ranges[j]]ᵀ
+    packed.task(x, j, out)       # the same as the numbers of its MKL call (`packed_batch`
+                                 # makes it from jitted code, at `compute_address(dtype)`)
+    with one_thread(): ...       # MKL at one thread on this thread
+    Cell(packed, x, j, out)      # packed.rows(x, j, out) as a call, and Group([cells]): calls
+                                 # run in turn as one (what `packed_batch` hands its helpers)
     library(), source()          # the loaded library (MKLUnavailable: one line saying why), and
                                  # which one it is, in words
 
@@ -47,11 +52,15 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "Cell",
+    "Group",
     "MKLUnavailable",
     "Packed",
     "bf16_rows",
     "can_pack",
+    "compute_address",
     "library",
+    "one_thread",
     "sgemm_rows",
     "source",
 ]
@@ -158,6 +167,19 @@ def can_pack(dtype: Any = "bfloat16") -> bool:
     PyTorch's copy not) or float32 (both do)."""
     kind = _kind(dtype)
     return kind is not None and hasattr(library(), _PACKING[kind][1][0])
+
+
+def compute_address(dtype: Any) -> int:
+    """The address of the library's packed product for weights of `dtype` (what `Packed.rows`
+    calls: cblas_sgemm_compute, cblas_gemm_bf16bf16f32_compute), 0 where it has none."""
+    kind = _kind(dtype)
+    fn = getattr(library(), _PACKING[kind][2][0], None) if kind is not None else None
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
+
+
+def one_thread() -> contextlib.AbstractContextManager[None]:
+    """MKL at one thread on this thread inside (as each of this module's products runs)."""
+    return _threads(library(), 1)
 
 
 @contextlib.contextmanager
@@ -302,6 +324,22 @@ class Packed:
             b[: size * (c.stop - c.start)] for b, c in zip(self._buffers, self.ranges, strict=True)
         ]
 
+    def task(self, x: np.ndarray, j: int, out: np.ndarray) -> tuple[int, ...] | None:
+        """`rows(x, j, out)` as the numbers its MKL call takes, for a caller that makes the call
+        itself (`packed_batch`): (float32: 0, bfloat16: 1; m, n, k, x's address, its row
+        stride, the packed buffer's address, k, out's first element of the range, its row
+        stride), after the same checks; None where `rows` makes no call (an empty product)."""
+        _checked(x, (self.n, self.k), out, self.dtype)
+        c = self.ranges[j]
+        m, k = x.shape
+        cols = c.stop - c.start
+        if m == 0 or cols == 0 or k == 0:
+            return None
+        kind = 0 if self.dtype == np.float32 else 1
+        start = out.ctypes.data + 4 * c.start
+        buf = self._buffers[j].ctypes.data
+        return (kind, m, cols, k, x.ctypes.data, k, buf, k, start, out.strides[0] // 4)
+
     def rows(self, x: np.ndarray, j: int, out: np.ndarray) -> None:
         """out[:, ranges[j]] = x @ w[ranges[j]]ᵀ for x [m, k] in the weight's dtype
         (C-contiguous) and a float32 out [m, n] with unit column stride, at one MKL thread."""
@@ -321,3 +359,29 @@ class Packed:
                 _ROW_MAJOR, _NO_TRANS, _PACKED, *args, x.ctypes.data, k,
                 self._buffers[j].ctypes.data, k, 0.0, out[:, c].ctypes.data, ldc,
             )  # fmt: skip
+
+
+class Cell:
+    """`packed.rows(x, j, out)` as a call (`packed_batch` makes its MKL call itself, from
+    `packed.task`)."""
+
+    __slots__ = ("j", "out", "packed", "x")
+
+    def __init__(self, packed: Packed, x: np.ndarray, j: int, out: np.ndarray) -> None:
+        self.packed, self.x, self.j, self.out = packed, x, j, out
+
+    def __call__(self) -> None:
+        self.packed.rows(self.x, self.j, self.out)
+
+
+class Group:
+    """Cells run one after another on one thread, as one call (a short chunk's part, whole)."""
+
+    __slots__ = ("cells",)
+
+    def __init__(self, cells: Sequence[Cell]) -> None:
+        self.cells = list(cells)
+
+    def __call__(self) -> None:
+        for cell in self.cells:
+            cell()
