@@ -1,8 +1,8 @@
 """A short chunk's packed products, run on the caller and on helper threads that wait for them
 spinning, with no wake-up and no GIL between the hand-off and the product.
 
-    cells = [mkl.Cell(packed, x, j, out), mkl.Group([...]), ...]   # `Packed.rows` calls
-    if not run(cells, threads=2):                          # False: not run here (see below)
+    cells = [mkl.Cell(packed, x, j, out), mkl.Group([...]), ...]  # `Packed.rows` calls
+    if not run(cells, threads=2):  # False: it declines them (see below), none has run
         split.each(cells)
 
 At a 64-token chunk a product is 0.1-1 ms, and handing half of a layer's products to a pool
@@ -16,17 +16,18 @@ the helpers take the batch's products in order, each one whoever claims it first
 exchange), so the caller never waits for a helper that has not started, only for a product a
 helper is running.  Which thread runs a product does not change its bits.
 
-Measured here (2-vCPU Xeon, a layer's products at 64 tokens, GLA and DeltaNet ~110M in
-bfloat16): one thread 34 and 55 ms, the pool 26 and 38 ms, these helpers 20 and 30 ms; the
-models' 64-token chunks 1.07-1.2x faster in bfloat16, GLA 1.16-1.2x in float32.  Long chunks
-keep the pool: their products take milliseconds, a wake-up is nothing to them, and a spinning
-helper would take a core from the Numba kernels that run on two threads between them (there
-2,048-token chunks ran 0.85-0.95x as fast with it).
+Measured here (2-vCPU Xeon, the products of a 64-token chunk of GLA and DeltaNet ~110M in
+bfloat16, called again): one thread 34 and 55 ms, the pool 26 and 38 ms, these helpers 20 and
+30 ms; the models' 64-token chunks 1.07-1.2x faster in bfloat16, GLA 1.16-1.2x in float32.
+Long chunks keep the pool: their products take milliseconds, a wake-up is nothing to them,
+and a spinning helper would take a core from the Numba kernels that run on two threads between
+them (2,048-token chunks ran 0.85-0.95x as fast with it).
 
 `run` declines (returns False) a batch it cannot take: more than CAPACITY products, a cell of
 another kind, a chunk of 2 × MIN_ROWS rows or more, another thread's batch running (several Beam
 threads may embed at once: the second runs on the pool), LINSTREAM_SPIN_US=0 (no spinning
-helpers: the pool for every batch), or a platform where the helpers' code does not compile.
+helpers: the pool for every batch), or where the helpers cannot start (not an x86-64 CPU, no
+MKL).
 """
 
 from __future__ import annotations
