@@ -33,6 +33,7 @@ MKL).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import threading
@@ -60,10 +61,11 @@ CAPACITY = 256
 #: helpers).  A 64-token layer's products come a few hundred µs apart here.
 SPIN_SECONDS = 300e-6
 ENV = "LINSTREAM_SPIN_US"
+_log = logging.getLogger(__name__)
 
 # a task's row: its state, then `Packed.task`'s numbers
 _STATE, _FIELDS = 0, 11
-_FREE, _READY, _TAKEN, _DONE = 0, 1, 2, 3
+_READY, _TAKEN, _DONE = 1, 2, 3  # a row is DONE until a batch makes it READY
 
 
 # -- the jitted side ---------------------------------------------------------------------------
@@ -254,9 +256,16 @@ def _spin_seconds() -> float:
     if raw is None:
         return SPIN_SECONDS
     try:
-        return max(0.0, float(raw)) * 1e-6
+        us = float(raw)
     except ValueError:
+        us = -1.0
+    if not us >= 0:  # also NaN
+        _log.warning(
+            "%s=%r: expected microseconds (a number; 0 for no spinning helpers); spinning %g µs",
+            ENV, raw, SPIN_SECONDS * 1e6,
+        )  # fmt: skip
         return SPIN_SECONDS
+    return us * 1e-6
 
 
 def _for(helpers: int) -> _Helpers | None:

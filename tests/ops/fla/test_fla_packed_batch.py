@@ -145,7 +145,8 @@ def test_a_forked_child_runs_batches_of_its_own():
 
 def test_spinning_helpers_can_be_turned_off():
     """LINSTREAM_SPIN_US=0: every batch is declined (the pool runs it) and no helper thread
-    starts; the default starts one per extra thread."""
+    starts; the default starts one per extra thread; a value that is not a number is one line,
+    and the default."""
     _dtype("float32")
     script = textwrap.dedent(
         """
@@ -160,8 +161,8 @@ def test_spinning_helpers_can_be_turned_off():
         print(ran, helpers, float(out.sum()))
         """
     )
-    lines = {}
-    for value in ("0", None):
+    lines, errors = {}, {}
+    for value in ("0", None, "fast"):
         env = {**__import__("os").environ}
         env.pop("LINSTREAM_SPIN_US", None)
         if value is not None:
@@ -170,6 +171,10 @@ def test_spinning_helpers_can_be_turned_off():
             [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
         )
         assert out.returncode == 0, out.stderr
-        lines[value] = out.stdout.split()
+        lines[value], errors[value] = out.stdout.split(), out.stderr.strip().splitlines()
     assert lines["0"] == ["False", "0", "0.0"]
     assert lines[None] == ["True", "2", str(8 * 64 * 32.0)]
+    assert lines["fast"] == lines[None]  # not a number: the default, said in one line
+    assert errors["0"] == errors[None] == []
+    assert len(errors["fast"]) == 1
+    assert "LINSTREAM_SPIN_US='fast': expected microseconds" in errors["fast"][0]
