@@ -245,25 +245,23 @@ def run_modes(folder: str) -> dict:
     sizes = ("big", "small", "pooled")
     states: dict = {(mode, size): None for mode in MODES for size in sizes}
     roof_s = 0.0
+
+    def in_small_chunks(model, part: np.ndarray, key: tuple[str, str]) -> float:
+        """Seconds to embed `part` in SMALL-token chunks, carrying states[key]."""
+        t0 = time.perf_counter()
+        for a in range(0, len(part), SMALL):
+            _, states[key] = model.embed_chunk(part[a : a + SMALL], states[key])
+        return time.perf_counter() - t0
+
     for r in range(ROUNDS):
         part = ids[(r + 1) * CHUNK : (r + 2) * CHUNK]
         for mode, model in models.items():  # a large chunk, then as many tokens in small ones
             t0 = time.perf_counter()
             _, states[mode, "big"] = model.embed_chunk(part, states[mode, "big"])
             big[mode] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for a in range(0, CHUNK, SMALL):
-                _, states[mode, "small"] = model.embed_chunk(
-                    part[a : a + SMALL], states[mode, "small"]
-                )
-            small[mode] += time.perf_counter() - t0
+            small[mode] += in_small_chunks(model, part, (mode, "small"))
             with packed_batch.disabled():
-                t0 = time.perf_counter()
-                for a in range(0, CHUNK, SMALL):
-                    _, states[mode, "pooled"] = model.embed_chunk(
-                        part[a : a + SMALL], states[mode, "pooled"]
-                    )
-                pooled[mode] += time.perf_counter() - t0
+                pooled[mode] += in_small_chunks(model, part, (mode, "pooled"))
         roof_s += _roof_seconds(gemms)
     roof = flops * ROUNDS / roof_s / 1e9
     out = {}

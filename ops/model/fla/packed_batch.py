@@ -26,8 +26,8 @@ them (2,048-token chunks ran 0.85-0.95x as fast with it).
 `run` declines (returns False) a batch it cannot take: more than CAPACITY products, a cell of
 another kind, a chunk of 2 × MIN_ROWS rows or more, another thread's batch running (several Beam
 threads may embed at once: the second runs on the pool), LINSTREAM_SPIN_US=0 (no spinning
-helpers: the pool for every batch), or where the helpers cannot start (not an x86-64 CPU, no
-MKL).
+helpers: the pool for every batch), or where the helpers cannot start (no MKL: then there are
+no packed weights either).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import platform
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -179,10 +178,9 @@ def _serve_batches(ctrl, tasks, fns, me, spins, seen):  # pragma: no cover - jit
 
 
 @numba.njit(nogil=True, cache=True)
-def _pauses(n, ctrl):  # pragma: no cover - jitted
+def _pauses(n):  # pragma: no cover - jitted
     for _ in range(n):
         spin_pause()
-    return load_acquire(ctrl, 0)
 
 
 # -- the Python side ---------------------------------------------------------------------------
@@ -193,8 +191,9 @@ class _Helpers:
         self.ctrl = np.zeros(2 + helpers, np.int64)  # batches published, their tasks, asleep
         self.tasks = np.zeros((CAPACITY, _FIELDS), np.int64)
         self.tasks[:, _STATE] = _DONE
-        self.fns = np.array([mkl.compute_address(np.float32), _bf16_address()], np.int64)
-        self.spins = _calibrated(spin_seconds, self.ctrl)
+        kinds = (np.float32, "bfloat16")  # a task's kind: 0, 1
+        self.fns = np.array([mkl.compute_address(k) for k in kinds], np.int64)
+        self.spins = _calibrated(spin_seconds)
         self.lock = threading.Lock()
         self.wake = [threading.Event() for _ in range(helpers)]
         for me in range(helpers):
@@ -222,16 +221,12 @@ class _Helpers:
                 os.sched_yield()  # a helper running a product has lost its core: let it run
 
 
-def _bf16_address() -> int:
-    return mkl.compute_address("bfloat16") if mkl.can_pack("bfloat16") else 0
-
-
-def _calibrated(seconds: float, ctrl: np.ndarray) -> int:
+def _calibrated(seconds: float) -> int:
     """How many spin pauses take `seconds` here (timed once)."""
     n = 1 << 14
-    _pauses(16, ctrl)
+    _pauses(16)
     t0 = time.perf_counter()
-    _pauses(n, ctrl)
+    _pauses(n)
     took = max(time.perf_counter() - t0, 1e-9)
     return max(1, int(n * seconds / took))
 
@@ -275,16 +270,12 @@ def _for(helpers: int) -> _Helpers | None:
                 seconds = _spin_seconds()
                 h = None
                 try:
-                    if seconds > 0 and _can_pause():
+                    if seconds > 0:
                         h = _Helpers(helpers, seconds)
                 except (mkl.MKLUnavailable, NumbaError):
                     h = None
                 _helpers[helpers] = h
     return _helpers[helpers]
-
-
-def _can_pause() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _tasks(
