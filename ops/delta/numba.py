@@ -8,9 +8,10 @@ tokens from S_0, with G_i = Σ_{j≤i} log α_j (0 for the plain delta rule):
     u_i = β_i v_i - β_i e^{G_i} S_0ᵀk_i - Σ_{j<i} β_i e^{G_i - G_j} (k_i·k_j) u_j
 
 so (I + L) U = B V - B e^{G} K S_0 with L strictly lower, L_ij = β_i e^{G_i - G_j} k_i·k_j.
-The UT transform T = (I + L)^{-1} (lower unitriangular, by forward substitution on n×n) gives
+U is its forward substitution, U_i = (B V - B e^{G} K S_0)_i - Σ_{j<i} L_ij U_j (n²/2 rows of
+d_v: fewer operations than forming the UT transform T = (I + L)^{-1} and its two products, and
+1.2-1.3x faster as a kernel on DeltaNet ~110M's shapes, plain and gated; measured here), then
 
-    U = T (B V) - T (B e^{G} K) S_0                      (the WY pseudo-values and keys)
     Y = e^{G} Q S_0 + (Q Kᵀ ⊙ D) U,   D_ij = e^{G_i - G_j} for j ≤ i, else 0
     S_n = e^{G_n} S_0 + (e^{G_n - G} ⊙ K)ᵀ U
 
@@ -20,14 +21,14 @@ rules' kernel ends them (`chunk_end`: before a non-finite key or value, or a gat
 state), and the first token's gate is kept out of the prefix sums in the same way (see there).
 Decay factors below e^-60 (float32; e^-700 float64: `constants.flush_log`) are zeros, not
 subnormal numbers (strong gates made this kernel ~17x slower on an Intel core), and so are the
-factors T multiplies (e^{G_i}, in B e^{G} K) and the solve's L_ij and T_ir below the square root
-of that, e^-30 (e^-350): their products with each other stay normal (with the first flush alone
-the kernel still ran 4.6x slower at gates of -3 a token than at -0.05; now as fast).  Each term
-left out is below e^-30 ≈ 2^-43 of the terms it is added to (T_ii = 1, β_i v_i), so over a
-chunk of n ≤ 64 tokens they move a value by less than 2^-37 of its size, far under float32's
-rounding (2^-24).  A chunk whose log gates are all 0 (the plain delta rule's) skips the decay
-factors, each e^0 · 1 = 1 exactly: the same bits, and the kernel 1.12x faster on DeltaNet
-~110M's shapes (12 heads of 64, 2,048 tokens, float32; measured here).
+factors e^{G_i} of B e^{G} K and the substitution's L_ij below the square root of that, e^-30
+(e^-350): their products with other values of the chunk stay normal (with the first flush alone
+the kernel still ran 4.6x slower at gates of -3 a token than at -0.05).  A term left out,
+L_ij U_j, is below e^-30 ≈ 2^-43 of U_j, so over a chunk of n ≤ 64 tokens they move a U_i by
+less than 2^-37 of the chunk's largest, far under float32's rounding (2^-24).  A chunk whose
+log gates are all 0 (the plain delta rule's) skips the decay factors, each e^0 · 1 = 1 exactly:
+the same bits, and the kernel 1.12x faster on DeltaNet ~110M's shapes (12 heads of 64, 2,048
+tokens, float32; measured here).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
             for i in range(n):
                 b = beta[h, c0 + i]
                 x0, x1 = la0 + g[i], gn - g[i]
-                e0 = math.exp(x0) if x0 > 0.5 * flush else 0.0  # T multiplies it: see tiny
+                e0 = math.exp(x0) if x0 > 0.5 * flush else 0.0  # as L_ij: see tiny
                 eg = qh.dtype.type(e0)
                 ebg = qh.dtype.type(b * e0)
                 ek = qh.dtype.type(math.exp(x1) if x1 > flush else 0.0)
@@ -89,30 +90,27 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
                 bb = qh.dtype.type(b)
                 for p in range(dv):
                     vb[i, p] = vc[i, p] * bb
+            # U solves (I + L) U = B V - B e^G K S_0 by forward substitution, in place of its
+            # right side: U_i = rhs_i - Σ_{j<i} L_ij U_j.  L_ij = β_i e^{G_i - G_j} k_i·k_j is
+            # written over k_i·k_j; one below `tiny` (e^{flush/2}) is taken as 0
             kk = np.dot(kc, kc.T)
-            tt = np.zeros((n, n), qh.dtype)  # T = (I + L)^{-1} of this chunk
-            # T = (I + L)^{-1} row by row: T_i = e_i - Σ_{j<i} L_ij T_j  (T_j is zero past j).
-            # An L_ij or T_ir below `tiny` (e^{flush/2}) is taken as 0, so that the solve's
-            # products of two of them stay normal numbers (at least e^flush)
+            u = vb[:n] - np.dot(kb[:n], sc)
             for i in range(n):
-                tt[i, i] = 1
                 bi = qh.dtype.type(beta[h, c0 + i])
                 if flat:  # e^{G_i - G_j} = e^0 = 1 exactly (as `exp` gives it): L_ij = β_i k_i·k_j
                     for j in range(i):
                         kk[i, j] *= bi
                         kk[i, j] *= qh.dtype.type(abs(kk[i, j]) >= tiny)
                 else:
-                    for j in range(i):  # L_ij = β_i e^{G_i - G_j} k_i·k_j, in place of k_i·k_j
+                    for j in range(i):
                         x = g[i] - g[j]
                         kk[i, j] *= bi * (exp(qh.dtype.type(x)) * qh.dtype.type(x > flush))
                         kk[i, j] *= qh.dtype.type(abs(kk[i, j]) >= tiny)
                 for j in range(i):
                     lij = kk[i, j]
-                    for r in range(j + 1):
-                        tt[i, r] -= lij * tt[j, r]
-                for r in range(i):
-                    tt[i, r] *= qh.dtype.type(abs(tt[i, r]) >= tiny)
-            u = np.dot(tt, vb[:n]) - np.dot(np.dot(tt, kb[:n]), sc)
+                    if lij != 0:
+                        for p in range(dv):
+                            u[i, p] -= lij * u[j, p]
             a = np.dot(qc, kc.T)
             for i in range(n):
                 if not flat:  # (flat: each factor e^0 · 1 = 1)
