@@ -1,4 +1,4 @@
-"""Chunkwise Numba kernel for the delta rules (WY / UT-transform form), one head per `prange`.
+"""Chunkwise Numba kernel for the delta rules (U by forward substitution), one head per `prange`.
 
 The gated delta step S_i = α_i (I - β_i k_i k_iᵀ) S_{i-1} + β_i k_i v_iᵀ is, with
 u_i = β_i (v_i - α_i S_{i-1}ᵀ k_i),  S_i = α_i S_{i-1} + k_i u_iᵀ.  Unrolled over a chunk of n
