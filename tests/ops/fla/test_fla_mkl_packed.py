@@ -19,15 +19,15 @@ Tolerances:
   (each up to half a step, rms step/√12).  In the linear regime independent perturbations add
   in quadrature, so k flips among a forward's N rounded inputs move the outputs by about
   √(12k/N) of the mode's error, which stays below it while fewer than 1 in 12 inputs flips.  A
-  float32 difference δ flips its input with probability |δ|/step; even at the dot product's
-  worst-case bound for k ≤ 4,096 terms (4,096 · 2⁻²⁴ = 2⁻¹² of the value) that is at most
-  2⁻¹²/2⁻⁸ = 1/16 of the inputs.  So the bound is the mode's error itself (the float32 mode
-  on NumPy's BLAS, which shares no code with MKL's packing); a product that is wrong moves the
-  outputs by far more (one output column of each packed range left at 0: 19-23x the mode's
-  error, tried), and fails it.  Measured here: the ratio is 1e-6 where no input flips (GLA,
-  RWKV-7, Mamba-2) and 1e-3 to 0.13 on DeltaNet, whose flips depend on the delta kernel's
-  float32 rounding (a bound of 0.1 of the mode's error, here before, passed or failed by which
-  inputs flipped).
+  float32 difference δ flips its input with probability about |δ|/step: 2⁻¹⁶ for a difference
+  of one float32 rounding (2⁻²⁴ of the value; the delta kernel's outputs on the two engines'
+  inputs differ by ~1e-7 of their largest), and still only 1 in 16 for one of 2⁻¹² (4,096
+  roundings).  So the bound is the mode's error itself (the float32 mode on NumPy's BLAS, which
+  shares no code with MKL's packing); a product that is wrong moves the outputs by far more (one
+  output column of each packed range left at 0: 19-23x the mode's error, tried), and fails it.
+  Measured here: the ratio is 1e-6 where no input flips (GLA, RWKV-7, Mamba-2) and 1e-3 to 0.13
+  on DeltaNet, whose flips depend on the delta kernel's float32 rounding (a bound of 0.1 of the
+  mode's error, here before, passed or failed by which inputs flipped).
 """
 
 from __future__ import annotations
