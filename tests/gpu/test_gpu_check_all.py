@@ -36,11 +36,15 @@ class _FarFla:
         self.ref, self.off = ref, off
         self.torch = SimpleNamespace(float32="float32")
 
-    def load(self, folder: Path, dtype: str) -> str:
+    def load(self, folder: Path, dtype: str, **config: str) -> str:
         return "model"
 
-    def hidden(self, model: str, ids: np.ndarray) -> np.ndarray:
+    def hidden(self, model: str, ids: np.ndarray, piece: int = 0) -> np.ndarray:
         return self.ref + self.off
+
+    @property
+    def float32_oracle(self):  # the real method, over this stub's load and hidden
+        return _load("gpu_check_fla").Fla.float32_oracle.__get__(self)
 
 
 @pytest.mark.parametrize(("off", "ok"), [(5.35, False), (2e-6, True)])
@@ -153,3 +157,28 @@ def test_a_kernel_that_disagrees_fails_the_run_naming_rule_kernel_and_error(tmp_
     fails = [x for x in table if x.endswith("| FAIL |")]
     assert len(fails) == 1 and "delta_chunks" in fails[0], fails
     assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "failed"
+
+
+def test_a_second_speed_only_run_with_its_big_rows_skipped_writes_its_table(tmp_path):
+    """The second, shorter device run (GPU_CHECK_SPEED_ONLY, two families, a 20 s budget) in the
+    dry run (~15 s): the ~110M folders checked against the CPU runtime, their tokens/s rows, and
+    the ~1.3B rows skipped for time (their estimate alone is 30 s) as rows without a rate, which
+    the ratio table must pass over (a skipped row once stopped the check with a KeyError after
+    every row had run).  Exit 0, the kernels' correctness and the tiny folders left out."""
+    env = {**os.environ, "GPU_CHECK_CPU_DRYRUN": "1", "OUT": str(tmp_path), "GPU_CHECK_SEED": "7",
+           "GPU_CHECK_SPEED_ONLY": "1", "GPU_CHECK_FAMILIES": "gla,delta_net",
+           "GPU_CHECK_BUDGET_S": "20"}  # fmt: skip
+    proc = subprocess.run([sys.executable, str(HERE / "gpu_check_all.py")], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["status"] == "ok"
+    assert "correctness" not in report and "rules_correctness" not in report
+    rows = report["fla"]["rows"]
+    assert {r["family"] for r in rows if r.get("size") != "1.3B"} == {"gla", "delta_net"}
+    assert not [r for r in rows if r.get("size") == "tiny"]
+    big = [r for r in rows if r.get("size") == "1.3B"]
+    assert len(big) == 2 and all(r["skipped"].startswith("skipped: estimated") for r in big)
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table.count("skipped: estimated") == 2
+    assert "| fla | gla 110M | cupy vs CPU float64 (float32) |" in table
