@@ -230,6 +230,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {part} | {what} | {check} | {kernel} | {err} | {tol} | {ok} |")
     for part, what, size, impl, dtype, rate in _speed_rows(report):
         lines.append(f"| {part} | {what} | {size} | {impl} | {dtype} | {rate} | speed |")
+    import gpu_check_fla
+
+    for r in report.get("fla", {}).get("rows", []):
+        if r.get("check") == "profile":
+            lines.append(f"| profile | {r['family']} | {r['size']} | "
+                         f"{gpu_check_fla.profile_text(r)} | {r['dtype']} | "
+                         f"{r['wall_ms']:.1f} ms | profile |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -254,6 +261,7 @@ def check() -> int:
         if not SPEED_ONLY:
             ok = gpu_check.correctness(report, gpu_check.seed_from_env())
         session = gpu_check_fla.Session(report)
+        session.sync = sync
         session.correctness()
         if not SPEED_ONLY:
             session.agreement()

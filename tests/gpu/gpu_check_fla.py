@@ -366,9 +366,12 @@ def check_fla(fam: str, refs: Any, memo: dict[Any, Any], fla: Fla | None) -> lis
     return rows
 
 
-def check_speed(fam: str, memo: dict[Any, Any], fla: Fla | None, timed: Any) -> list[dict]:
+def check_speed(
+    fam: str, memo: dict[Any, Any], fla: Fla | None, timed: Any, sync: Any = None
+) -> list[dict]:
     """Phase 2 (while time remains): tokens/s at 2,048-token chunks on the ~110M folder,
-    linstream's CuPy runtime and fla's forward carrying its cache, float32 and bfloat16."""
+    linstream's CuPy runtime and fla's forward carrying its cache, float32 and bfloat16; with
+    sync (the device's), where one float32 chunk's time goes (profile_row)."""
     rows: list[dict[str, Any]] = []
 
     def speed(impl: str, dtype: str, size: str, fn: Any) -> None:
@@ -387,6 +390,16 @@ def check_speed(fam: str, memo: dict[Any, Any], fla: Fla | None, timed: Any) -> 
         st = m.initial_states()
         speed("linstream cupy", mode, size,
               lambda m=m, st=st, x=x: m.embed_chunk(x, st, backend="cupy"))  # fmt: skip
+        if sync is not None and mode == "float32":
+            rows.append(
+                profile_row(
+                    fam,
+                    size,
+                    mode,
+                    sync,
+                    lambda m=m, st=st, x=x: m.embed_chunk(x, st, backend="cupy"),
+                )
+            )
     if fla is None:
         return rows
     xt = fla.torch.as_tensor(x, device=fla.dev)[None]
@@ -400,6 +413,33 @@ def check_speed(fam: str, memo: dict[Any, Any], fla: Fla | None, timed: Any) -> 
                          "ok": True, "error": f"{type(ex).__name__}: {ex}"})  # fmt: skip
             print(f"       {fam:<15s} {size:<5s} fla forward ({dtype}) unavailable: {ex}")
     return rows
+
+
+def profile_row(fam: str, size: str, dtype: str, sync: Any, fn: Any) -> dict[str, Any]:
+    """One chunk (fn, after the timed ones) under helpers.fla_profile.Profile, the device
+    waited for around each outermost piece: each kind's share of the wall time and the five
+    costliest functions, in a row and one line."""
+    from helpers.fla_profile import Profile
+
+    with Profile(sync=sync) as prof:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        wall = time.perf_counter() - t0
+    shares = prof.shares(wall)
+    top = sorted(prof.by_function.items(), key=lambda kv: -kv[1])[:5]
+    row = {"family": fam, "size": size, "check": "profile", "dtype": dtype, "ok": True,
+           "wall_ms": wall * 1e3, "shares": shares,
+           "top_ms": [(name, sec * 1e3) for name, sec in top]}  # fmt: skip
+    print(f"       {fam:<15s} {size:<5s} profile {dtype} {wall * 1e3:.1f} ms: {profile_text(row)}")
+    return row
+
+
+def profile_text(row: dict[str, Any]) -> str:
+    kinds = ", ".join(f"{k} {v:.0%}" for k, v in row["shares"].items())
+    top = ", ".join(f"{name} {ms:.1f} ms" for name, ms in row["top_ms"])
+    return f"{kinds}; costliest: {top}"
 
 
 def check_rivals(
@@ -487,10 +527,12 @@ class Session:
         self.memo: dict[Any, Any] = {}
         self.rows: list[dict[str, Any]] = []
         self.write_s = 0.0  # the longest family's phase 1 (the 1.3B rows' estimate)
+        self.sync: Any = None  # the device's synchronize: the speed phase's profile rows
 
     def correctness(self) -> None:
         """Phase 1, every family: the CuPy runtime against the CPU runtime, the handoff."""
-        print("\n[5] fla families: the CuPy runtime against the CPU runtime (every family first)")
+        print(f"\n[5] fla families: the CuPy runtime against the CPU runtime (every family "
+              f"first; {_elapsed():.0f} s)")  # fmt: skip
         for fam in FAMILIES:
             t = time.perf_counter()
             self.rows += _guarded(fam, lambda fam=fam: check_runtime(fam, self.root, self.refs,
@@ -500,7 +542,8 @@ class Session:
     def agreement(self) -> None:
         """Phase 1b, every family: fla's float32 forward against the CPU float64 run and the
         CuPy runtime."""
-        print("\n[5a] fla families: fla's forward against the CPU runtime and the CuPy runtime")
+        print(f"\n[5a] fla families: fla's forward against the CPU runtime and the CuPy runtime "
+              f"({_elapsed():.0f} s)")  # fmt: skip
         for fam in FAMILIES:
             self.rows += _guarded(fam, lambda fam=fam: check_fla(fam, self.refs, self.memo,
                                                                self.fla))  # fmt: skip
@@ -516,7 +559,7 @@ class Session:
                                   "ok": True})  # fmt: skip
                 continue
             self.rows += _guarded(fam, lambda fam=fam: check_speed(fam, self.memo, self.fla,
-                                                                 timed))  # fmt: skip
+                                                                 timed, self.sync))  # fmt: skip
 
     def finish(self, report: dict[str, Any]) -> bool:
         """The table and failure lines; report["fla"]; False when a check failed."""
@@ -540,9 +583,10 @@ class Session:
         return all(r["ok"] for r in rows)
 
 
-def run(report: dict[str, Any], timed: Any) -> bool:
+def run(report: dict[str, Any], timed: Any, sync: Any = None) -> bool:
     """The check (see the module docstring) into report["fla"]; False when a check failed."""
     session = Session(report)
+    session.sync = sync
     session.correctness()
     session.agreement()
     session.rivals(timed, DEADLINE_S)
@@ -582,7 +626,7 @@ def main(argv: list[str]) -> int:
 
                 torch.cuda.synchronize()
 
-        ok = run(report, lambda fn: gpu_check.timed(fn, sync, 5, warmup=2))
+        ok = run(report, lambda fn: gpu_check.timed(fn, sync, 5, warmup=2), sync)
         report["status"] = "ok" if ok else "failed"
     report["wall_s"] = _elapsed()
     out = os.environ.get("OUT")

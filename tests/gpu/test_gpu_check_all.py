@@ -164,7 +164,8 @@ def test_a_second_speed_only_run_with_its_big_rows_skipped_writes_its_table(tmp_
     dry run (~15 s): the ~110M folders checked against the CPU runtime, their tokens/s rows, and
     the ~1.3B rows skipped for time (their estimate alone is 30 s) as rows without a rate, which
     the ratio table must pass over (a skipped row once stopped the check with a KeyError after
-    every row had run).  Exit 0, the kernels' correctness and the tiny folders left out."""
+    every row had run).  Exit 0, the kernels' correctness and the tiny folders left out; a
+    profile row per family (helpers/fla_profile.py on the device)."""
     env = {**os.environ, "GPU_CHECK_CPU_DRYRUN": "1", "OUT": str(tmp_path), "GPU_CHECK_SEED": "7",
            "GPU_CHECK_SPEED_ONLY": "1", "GPU_CHECK_FAMILIES": "gla,delta_net",
            "GPU_CHECK_BUDGET_S": "20"}  # fmt: skip
@@ -182,3 +183,12 @@ def test_a_second_speed_only_run_with_its_big_rows_skipped_writes_its_table(tmp_
     table = (tmp_path / "gpu_check.md").read_text()
     assert table.count("skipped: estimated") == 2
     assert "| fla | gla 110M | cupy vs CPU float64 (float32) |" in table
+    # where one float32 chunk's time went, per family: the kinds' shares of its wall time
+    profiles = {r["family"]: r for r in rows if r["check"] == "profile"}
+    assert set(profiles) == {"gla", "delta_net"}
+    for fam, r in profiles.items():
+        kernel = {"gla": "vector_gated_chunks", "delta_net": "delta_chunks"}[fam]
+        assert 0 < r["shares"]["products"] < 1 and 0 < r["shares"]["recurrence"] < 1, r
+        assert sum(r["shares"].values()) == pytest.approx(1.0), r
+        assert kernel in dict(r["top_ms"]), r
+        assert f"| profile | {fam} | 110M | products " in table

@@ -5,12 +5,13 @@
     prof.seconds   # {"products": s, "recurrence": s, "norms and activations": s,
                    #  "layout copies": s}; the rest of the wall time is "other"
 
-Each kind is the wall time of the outermost calls of its functions on the calling thread (a
+On a device, `Profile(sync=...)` waits for the device around each outermost call.  Each kind
+is the wall time of the outermost calls of its functions on the calling thread (a
 product's row ranges run on helper threads inside its call; a norm calling another norm counts
 once):
 
 - products: every `dense.Dense` and `dense.FusedProjection` call and `Weights.together` (BLAS,
-  or the bfloat16 products);
+  or the bfloat16 products), and `device.DeviceDense`'s (cuBLAS);
 - recurrence: the compute backend's kernels (`compute.Compute`'s `*_chunks` methods, which the
   families call as `weights.ops.<kernel>`), and any kernel a family module imports from
   `linstream.ops` outside `linstream.ops.model` (found by its module);
@@ -47,7 +48,10 @@ def _methods(cls: type) -> list[str]:
 class Profile:
     """Wraps the runtime's functions while inside the `with` block (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        """sync: on a device, called before and after each outermost call (the device's work
+        waited for, so each kind's time is its kernels', not their launch)."""
+        self.sync = sync
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.calls = dict.fromkeys(KINDS, 0)
         self.by_function: dict[str, float] = {}
@@ -60,17 +64,21 @@ class Profile:
         self.by_function = {}
 
     def _wrap(self, kind: str, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-        depth, seconds, calls = self._depth, self, self
+        depth, seconds, calls, sync = self._depth, self, self, self.sync
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             d = getattr(depth, "n", 0)
             depth.n = d + 1
+            if d == 0 and sync is not None:
+                sync()
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 depth.n = d
                 if d == 0:
+                    if sync is not None:
+                        sync()
                     dt = time.perf_counter() - t0
                     seconds.seconds[kind] += dt
                     calls.calls[kind] += 1
@@ -88,8 +96,10 @@ class Profile:
         from linstream.ops.model import fla
         from linstream.ops.model.fla import dense
         from linstream.ops.model.fla.compute import Compute
+        from linstream.ops.model.fla.device import DeviceDense
 
         self._patch(dense.Dense, "__call__", "products")
+        self._patch(DeviceDense, "__call__", "products")  # its own: the device's products
         self._patch(dense.FusedProjection, "__call__", "products")
         self._patch(dense.Weights, "together", "products")
         for name in _methods(Compute):
