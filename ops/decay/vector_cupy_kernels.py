@@ -1,5 +1,8 @@
 """CUDA source of the vector-gated rule's chunkwise kernel (a log gate per key dimension: GLA,
-HGRN2), the same algorithm, chunk boundaries and float64 gate sums as ops/decay/vector_numba.py.
+HGRN2), the same chunk boundaries, float64 gate sums and chunk math as ops/decay/vector_numba.py.
+
+The Numba kernel forms A for its narrow key dimensions as one product and pairs only the rest;
+here every pair is formed one by one (step 2).
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ        y_t = S_tᵀ q_t
 
