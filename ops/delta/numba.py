@@ -10,7 +10,9 @@ tokens from S_0, with G_i = Σ_{j≤i} log α_j (0 for the plain delta rule):
 so (I + L) U = B V - B e^{G} K S_0 with L strictly lower, L_ij = β_i e^{G_i - G_j} k_i·k_j.
 U is its forward substitution, U_i = (B V - B e^{G} K S_0)_i - Σ_{j<i} L_ij U_j (n²/2 rows of
 d_v: fewer operations than forming the UT transform T = (I + L)^{-1} and its two products, and
-1.2-1.3x faster as a kernel on DeltaNet ~110M's shapes, plain and gated; measured here), then
+1.2-1.3x faster as a kernel on DeltaNet ~110M's shapes, plain and gated; measured here), by
+blocks of SUBST rows: a block's terms from the rows before it as one product, L_IJ U_J, then its
+own rows one by one (1.06x plain, 1.13x gated, the same shapes, one thread), then
 
     Y = e^{G} Q S_0 + (Q Kᵀ ⊙ D) U,   D_ij = e^{G_i - G_j} for j ≤ i, else 0
     S_n = e^{G_n} S_0 + (e^{G_n - G} ⊙ K)ᵀ U
@@ -44,6 +46,8 @@ from numba import prange
 
 __all__ = ["delta_chunks"]
 
+SUBST = 16  # rows of U substituted one by one; the earlier rows' terms: one product per block
+
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cover - jitted
@@ -60,6 +64,8 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
         kb = np.empty((c, f), qh.dtype)
         kd = np.empty((c, f), qh.dtype)
         vb = np.empty((c, dv), qh.dtype)
+        lbuf = np.empty(c * c, qh.dtype)
+        tbuf = np.empty(c * dv, qh.dtype)
         c0 = 0
         while c0 < t:
             n = chunk_end(kh, vh, log_a, h, c0, min(c0 + c, t)) - c0
@@ -106,11 +112,24 @@ def _delta_chunks(qh, kh, vh, log_a, beta, s, out, c, flush):  # pragma: no cove
                         x = g[i] - g[j]
                         kk[i, j] *= bi * (exp(qh.dtype.type(x)) * qh.dtype.type(x > flush))
                         kk[i, j] *= qh.dtype.type(abs(kk[i, j]) >= tiny)
-                for j in range(i):
-                    lij = kk[i, j]
-                    if lij != 0:
+            for b0 in range(0, n, SUBST):  # by blocks of rows: the earlier rows' terms as one
+                b1 = min(b0 + SUBST, n)  # product, then the block's own rows one by one
+                if b0 > 0:
+                    lb = lbuf[: (b1 - b0) * b0].reshape((b1 - b0, b0))
+                    for i in range(b0, b1):
+                        for j in range(b0):
+                            lb[i - b0, j] = kk[i, j]
+                    tb = tbuf[: (b1 - b0) * dv].reshape((b1 - b0, dv))
+                    np.dot(lb, u[:b0], tb)
+                    for i in range(b0, b1):
                         for p in range(dv):
-                            u[i, p] -= lij * u[j, p]
+                            u[i, p] -= tb[i - b0, p]
+                for i in range(b0 + 1, b1):
+                    for j in range(b0, i):
+                        lij = kk[i, j]
+                        if lij != 0:
+                            for p in range(dv):
+                                u[i, p] -= lij * u[j, p]
             a = np.dot(qc, kc.T)
             for i in range(n):
                 if not flat:  # (flat: each factor e^0 · 1 = 1)
