@@ -87,7 +87,13 @@ SPEED_ONLY = os.environ.get("GPU_CHECK_SPEED_ONLY", "") not in ("", "0")
 #: RWKV-7's DPLR chunk kernel, and on an H100 its RWKV-7 and Gated DeltaNet chunk forwards in
 #: float32 (TRITON_F32_DEFAULT=ieee) were 1.9e-4 to 2.0e-3 from the float64 run where linstream's
 #: float32 was 6e-6 to 1e-5 (tests/gpu/gpu_check_fla.py's first device run)
-RECURRENT_ORACLE = frozenset({"delta_net", "gated_deltanet", "rwkv7"})
+#: how: the layer's mode from the config (the DeltaNets), or calls of 63 tokens with the cache
+#: carried (RWKV-7's layer takes its recurrent path below 64 tokens a call)
+RECURRENT_ORACLE: dict[str, dict[str, Any]] = {
+    "delta_net": {"config": {"attn_mode": "fused_recurrent"}},
+    "gated_deltanet": {"config": {"attn_mode": "fused_recurrent"}},
+    "rwkv7": {"piece": 63},
+}
 FACTOR = 8.0  # as tests/ops/fla/test_fla_device.py: 3 bits for another evaluation order
 SEED = 20261204
 CHUNK = 256 if DRY_RUN else 2048  # tokens per timed chunk (the dry run: small)
@@ -267,12 +273,9 @@ class Fla:
     def float32_oracle(self, folder: Path, fam: str, ids: np.ndarray) -> np.ndarray:
         """fla's float32 forward on folder: its fused-recurrent kernels where its chunk kernels
         are no float32 evaluation (RECURRENT_ORACLE), else its default (chunk) forward."""
-        if fam in ("delta_net", "gated_deltanet"):  # the layer's mode from the config
-            model = self.load(folder, self.torch.float32, attn_mode="fused_recurrent")
-            return self.hidden(model, ids)
-        if fam == "rwkv7":  # the layer takes its recurrent path below 64 tokens a call
-            return self.hidden(self.load(folder, self.torch.float32), ids, piece=63)
-        return self.hidden(self.load(folder, self.torch.float32), ids)
+        how = RECURRENT_ORACLE.get(fam, {})
+        model = self.load(folder, self.torch.float32, **how.get("config", {}))
+        return self.hidden(model, ids, piece=how.get("piece", 0))
 
     def chunk(self, model: Any, x: Any) -> Any:
         with self.torch.no_grad():
