@@ -157,8 +157,16 @@ class Compute:
     def head_major(self, x: Any, d: int, repeat: int = 1) -> Any:
         return pieces.head_major(x, d, repeat, xp=self._xp)
 
-    def short_conv(self, x: Any, tail: Any, w: Any, silu_after: bool) -> tuple[Any, Any]:
-        return pieces.short_conv(x, tail, w, silu_after, xp=self._xp)
+    def short_conv(
+        self,
+        x: Any,
+        tail: Any,
+        w: Any,
+        silu_after: bool,
+        heads: int | None = None,
+        l2_scale: float | None = None,
+    ) -> tuple[Any, Any]:
+        return pieces.short_conv(x, tail, w, silu_after, heads, l2_scale, xp=self._xp)
 
     def rotary(self, x: Any, cos: Any, sin: Any) -> Any:
         return pieces.rotary(x, cos, sin, xp=self._xp)

@@ -129,18 +129,23 @@ class DeltaNetMixer:
         t = x.shape[0]
         p = self.proj(x)
         new: dict[str, Any] = {}
-        if s.conv_size:
-            q, k, v = (self.conv(n, p[n], st, new) for n in "qkv")
+        dk, dv = s.head_k_dim, s.head_v_dim
+        scale = dk**-0.5
+        l2 = s.qk_activation == "silu" and s.qk_norm == "l2"  # the default: one pass each
+        if s.conv_size:  # each convolution writes its heads (and L2-normalizes q and k)
+            qh = self.conv("q", p["q"], st, new, dk, scale if l2 else None)
+            kh = self.conv("k", p["k"], st, new, dk, 1.0 if l2 else None)
+            vh = self.conv("v", p["v"], st, new, dv)
         else:
-            q, k, v = p["q"], p["k"], ops.silu(p["v"])
+            q, k = p["q"], p["k"]
             if s.qk_activation == "silu":
                 q, k = ops.silu(q), ops.silu(k)
-        vh = ops.head_major(v, s.head_v_dim)
-        scale = s.head_k_dim**-0.5
-        if s.qk_activation == "silu" and s.qk_norm == "l2":  # the default: one pass each
-            qh, kh = ops.l2_heads(q, s.head_k_dim, scale), ops.l2_heads(k, s.head_k_dim)
-        else:
-            qh, kh = ops.head_major(q, s.head_k_dim), ops.head_major(k, s.head_k_dim)
+            if l2:
+                qh, kh = ops.l2_heads(q, dk, scale), ops.l2_heads(k, dk)
+            else:
+                qh, kh = ops.head_major(q, dk), ops.head_major(k, dk)
+            vh = ops.head_major(ops.silu(p["v"]), dv)
+        if not l2:
             if s.qk_activation != "silu":
                 act = s.qk_activation
                 qh, kh = ops.activation(act, qh), ops.activation(act, kh)

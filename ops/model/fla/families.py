@@ -140,9 +140,17 @@ class ConvSet:
         return [(f"conv_{n}", (w.shape[1] - 1, w.shape[0])) for n, w in self.w.items()]
 
     def __call__(
-        self, name: str, x: np.ndarray, state: Mapping[str, np.ndarray], new: dict[str, Any]
+        self,
+        name: str,
+        x: np.ndarray,
+        state: Mapping[str, np.ndarray],
+        new: dict[str, Any],
+        heads: int | None = None,
+        l2_scale: float | None = None,
     ) -> np.ndarray:
-        """conv `name` over x [T, D] from the state's tail; the new tail goes into `new`."""
-        y, tail = self.ops.short_conv(x, state[f"conv_{name}"], self.w[name], name in self.silu)
+        """conv `name` over x [T, D] from the state's tail; the new tail goes into `new`.  With
+        heads (and l2_scale), written head-major (and L2-normalized): `pieces.short_conv`."""
+        w, silu = self.w[name], name in self.silu
+        y, tail = self.ops.short_conv(x, state[f"conv_{name}"], w, silu, heads, l2_scale)
         new[f"conv_{name}"] = tail
         return y

@@ -125,15 +125,21 @@ class GatedDeltaNetMixer:
         t = x.shape[0]
         p = self.proj(x)
         new: dict[str, Any] = {}
-        if s.conv_size:
-            q, k, v = (self.conv(n, p[n], st, new) for n in "qkv")
-        else:
-            q, k, v = ops.silu(p["q"]), ops.silu(p["k"]), ops.silu(p["v"])
+        dk, dv = s.head_k_dim, s.head_v_dim
         r = s.num_v_heads // s.num_heads
-        qh = ops.l2_norm(ops.head_major(q, s.head_k_dim, r))
-        kh = ops.l2_norm(ops.head_major(k, s.head_k_dim, r))
-        qh *= x.dtype.type(s.head_k_dim**-0.5)
-        vh = ops.head_major(v, s.head_v_dim)
+        if s.conv_size:  # each convolution writes its heads (and L2-normalizes q and k)
+            if r == 1:
+                qh = self.conv("q", p["q"], st, new, dk, dk**-0.5)
+                kh = self.conv("k", p["k"], st, new, dk, 1.0)
+            else:
+                q, k = self.conv("q", p["q"], st, new), self.conv("k", p["k"], st, new)
+            vh = self.conv("v", p["v"], st, new, dv)  # (the tails in q, k, v order)
+        else:
+            q, k, vh = ops.silu(p["q"]), ops.silu(p["k"]), ops.head_major(ops.silu(p["v"]), dv)
+        if r > 1 or not s.conv_size:  # grouped heads: q and k heads repeated, then normalized
+            qh = ops.l2_norm(ops.head_major(q, dk, r))
+            kh = ops.l2_norm(ops.head_major(k, dk, r))
+            qh *= x.dtype.type(dk**-0.5)
         log_alpha = self.a * ops.softplus(p["a"].astype(np.float64) + self.dt_bias)  # [T, HV]
         beta = ops.sigmoid(p["b"].astype(np.float64))
         if s.allow_neg_eigval:

@@ -117,6 +117,10 @@ def log_gate(
 def head_major(x: np.ndarray, d: int, repeat: int = 1, *, xp: Any = None) -> np.ndarray:
     """[T, n·d] -> a new contiguous [n·repeat, T, d], each head repeated `repeat` times in place
     (head i of the result is head i // repeat of x: fla's grouped key/value heads)."""
+    if xp is None and _fusable(x, 2):
+        from . import fused_heads  # one pass on Numba's threads
+
+        return fused_heads.head_major(x, d, repeat)
     n = _ns(xp)
     t = x.shape[0]
     h = n.ascontiguousarray(x.reshape(t, -1, d).transpose(1, 0, 2))
@@ -231,7 +235,14 @@ def swiglu(gate: np.ndarray, up: np.ndarray, *, xp: Any = None) -> np.ndarray:
 
 
 def short_conv(
-    x: np.ndarray, tail: np.ndarray, w: np.ndarray, silu_after: bool, *, xp: Any = None
+    x: np.ndarray,
+    tail: np.ndarray,
+    w: np.ndarray,
+    silu_after: bool,
+    heads: int | None = None,
+    l2_scale: float | None = None,
+    *,
+    xp: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Depthwise causal convolution of width W over a chunk x [T, D].
 
@@ -241,10 +252,18 @@ def short_conv(
         y_t[d] = Σ_j w[d, j] · x_{t−W+1+j}[d]          (then SiLU if silu_after)
 
     Returns (y [T, D] in x's dtype, the new tail [W−1, D] in tail's dtype: the last W−1 raw
-    inputs, the chunk's own or, for a chunk shorter than W−1, partly the old tail's).  One fused
-    pass (`fused.short_conv`) for 2-D float32/float64 x."""
+    inputs, the chunk's own or, for a chunk shorter than W−1, partly the old tail's).  With
+    heads = d, y comes head-major [D/d, T, d] (`head_major`), and with l2_scale each head
+    L2-normalized and times it (`l2_heads`).  One fused pass (`fused.short_conv`,
+    `fused_heads.conv_heads`) for 2-D float32/float64 x."""
     if xp is None and x.ndim == 2 and x.dtype in (np.float32, np.float64) and w.shape[1] > 1:
-        return _fused().short_conv(x, tail, w, silu_after)
+        if heads is None:
+            return _fused().short_conv(x, tail, w, silu_after)
+        from . import fused_heads
+
+        l2, scale = l2_scale is not None, 1.0 if l2_scale is None else l2_scale
+        y = fused_heads.conv_heads(x, tail, w, silu_after, heads, l2, scale, _L2_EPS)
+        return y, _fused().conv_tail(x, tail, w.shape[1] - 1)
     n = _ns(xp)
     t = x.shape[0]
     width = w.shape[1]
@@ -253,7 +272,11 @@ def short_conv(
     for j in range(1, width):
         y += xt[j : j + t] * w[:, j]
     new_tail = n.array(xt[t:], dtype=tail.dtype)
-    return (silu(y, xp=xp) if silu_after else y), new_tail
+    if silu_after:
+        y = silu(y, xp=xp)
+    if heads is not None:
+        y = head_major(y, heads, xp=xp) if l2_scale is None else l2_heads(y, heads, l2_scale, xp=xp)
+    return y, new_tail
 
 
 def l2_norm(x: np.ndarray, *, xp: Any = None) -> np.ndarray:

@@ -1,0 +1,126 @@
+"""Fused Numba passes that write head-major [H, T, d] arrays, the recurrence kernels' layout, from
+row-major [T, H·d] ones: the copy itself, and DeltaNet's short convolutions writing their heads.
+
+    head_major(x, d, repeat)        the layout of `pieces.head_major` (a new contiguous
+                                    [H·repeat, T, d], each head `repeat` times in a row)
+    conv_heads(x, tail, w, silu, d, l2, scale, eps)   `fused.conv` without a bias, each row
+                                    then written head-major; with l2 each head's row divided
+                                    by sqrt(Σ² + eps) and times scale, as `fused.l2_heads`
+
+A projection's output is a column slice of the fused projection's [T, N] product, tens of MiB
+at 2,048 tokens, no longer in cache when the next pass reads it.  NumPy's copy of its transposed
+view runs on one thread; here rows go to Numba's threads (`worth_threads`, as `fused`'s).
+DeltaNet's q, k and v went through three passes each (the convolution, the head-major copy or
+the L2 norm, each a round trip of the [T, D] array through memory); `conv_heads` does it in one,
+each row convolved into a buffer of the thread's and written from there.  Measured in the ~110M
+DeltaNet's float32 forward at 2,048 tokens (`helpers.fla_profile`, one chunk): the convolutions,
+head-major copies and L2 norms took 58 ms of 1,173 before.
+
+The values and their order of operations are those of the passes they replace (`fused.conv`'s
+row, `fused.l2_heads`' sum of squares, x · r · scale): the same bits, tested against them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from linstream.ops.numba_tools import FASTMATH, njit_variant, worth_threads
+from numba import njit, prange
+
+from .fused import _conv_row, conv_row4
+
+__all__ = ["conv_heads", "head_major"]
+
+_WORK_PER_ELEMENT = 16  # as fused's: a parallel region from 2^18 elements
+_TASKS = 16  # `conv_heads`' parallel tasks (rows T/16 each, one buffer each)
+
+
+def _head_major_kernel(parallel: bool) -> Any:
+    @njit_variant(parallel, nogil=True, error_model="numpy")
+    def run(x, repeat, out):  # pragma: no cover - compiled
+        # out[h·repeat + r, t] = x[t, h·d : (h+1)·d]
+        d = out.shape[2]
+        for t in prange(x.shape[0]):
+            for h in range(x.shape[1] // d):
+                for r in range(repeat):
+                    row = out[h * repeat + r, t]
+                    for j in range(d):
+                        row[j] = x[t, h * d + j]
+
+    return run
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def _write_heads(row, t, l2, eps, scale, out):  # pragma: no cover - compiled
+    """row [H·d] into out[:, t] (head-major), each head L2-normalized times scale if l2."""
+    one = row.dtype.type(1)
+    d = out.shape[2]
+    for h in range(out.shape[0]):
+        src = row[h * d : (h + 1) * d]
+        dst = out[h, t]
+        if l2:
+            ss = row.dtype.type(0)
+            for j in range(d):
+                ss += src[j] * src[j]
+            r = one / math.sqrt(ss + eps)
+            for j in range(d):
+                dst[j] = src[j] * r * scale
+        else:
+            for j in range(d):
+                dst[j] = src[j]
+
+
+def _conv_heads_kernel(parallel: bool) -> Any:
+    @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
+    def run(x, head, wt, silu, l2, eps, scale, out):  # pragma: no cover - compiled
+        t_all, dim = x.shape
+        bias = np.zeros(dim, x.dtype)  # no bias: 0 + v is v, as fused.conv's
+        step = (t_all + _TASKS - 1) // _TASKS
+        for task in prange(_TASKS):
+            row = np.empty(dim, x.dtype)  # the task's row, convolved here, then written out
+            for t in range(task * step, min((task + 1) * step, t_all)):
+                if wt.shape[0] == 4 and t >= 3:
+                    a, b, c, e = x[t - 3], x[t - 2], x[t - 1], x[t]
+                    conv_row4(a, b, c, e, wt[0], wt[1], wt[2], wt[3], bias, silu, row)
+                else:  # the rows reading the tail, and every row at another width
+                    _conv_row(x, head, wt, bias, silu, t, row)
+                _write_heads(row, t, l2, eps, scale, out)
+
+    return run
+
+
+_HEAD_MAJOR = {p: _head_major_kernel(p) for p in (False, True)}
+_CONV_HEADS = {p: _conv_heads_kernel(p) for p in (False, True)}
+
+
+def head_major(x: np.ndarray, d: int, repeat: int = 1) -> np.ndarray:
+    """x [T, n·d] (any row stride: a column slice of a product) -> a new contiguous
+    [n·repeat, T, d], head i of it head i // repeat of x."""
+    out = np.empty((x.shape[1] // d * repeat, x.shape[0], d), dtype=x.dtype)
+    _HEAD_MAJOR[worth_threads(out.size * _WORK_PER_ELEMENT)](x, repeat, out)
+    return out
+
+
+def conv_heads(
+    x: np.ndarray,
+    tail: np.ndarray,
+    w: np.ndarray,
+    silu_after: bool,
+    d: int,
+    l2: bool,
+    scale: float,
+    eps: float,
+) -> np.ndarray:
+    """`fused.conv(x, tail, w, None, silu_after)` written head-major [D/d, T, d]; with l2 each
+    head L2-normalized (x / sqrt(Σx² + eps)) and times scale, as `fused.l2_heads`.  x [T, D]
+    float32 or float64, tail [W−1, D] (any float dtype), w [D, W].  The new tail is the
+    caller's (`fused.short_conv`'s)."""
+    head = np.ascontiguousarray(tail, dtype=x.dtype)
+    wt = np.ascontiguousarray(w.T, dtype=x.dtype)
+    out = np.empty((x.shape[1] // d, x.shape[0], d), dtype=x.dtype)
+    f = x.dtype.type
+    run = _CONV_HEADS[worth_threads(x.size * w.shape[1] * 4)]
+    run(x, head, wt, bool(silu_after), bool(l2), f(eps), f(scale), out)
+    return out
