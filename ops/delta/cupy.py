@@ -25,7 +25,7 @@ from linstream.ops.cuda import (
     state_dtype,
 )
 from linstream.ops.decay import cupy_kernels as common
-from linstream.ops.decay.constants import LOG_GATE_FLOOR
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK, LOG_GATE_FLOOR
 
 from . import cupy_kernels as dk
 
@@ -40,11 +40,13 @@ def delta_chunks(
     log_gate: Any,
     beta: Any,
     *,
-    chunk_size: int,
+    chunk_size: int | None = None,
     launcher: Launcher | None = None,
 ) -> Any:
     """Returns out [H, T, d_v] in the compute dtype (a NumPy array when qh is one); s is
-    updated in place.  See the module docstring."""
+    updated in place.  chunk_size None: DEFAULT_RULE_CHUNK.  See the module docstring."""
+    if chunk_size is None:
+        chunk_size = DEFAULT_RULE_CHUNK
     lau = launcher if launcher is not None else cupy_launcher()
     xp = lau.xp
     kind = common_kind({"qh": qh, "kh": kh, "vh": vh})

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
@@ -163,7 +162,6 @@ class DeltaNetMixer:
             state,
             xp.zeros((s.num_heads, t)),
             xp.ascontiguousarray(beta.T),
-            chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
@@ -152,7 +151,6 @@ class GatedDeltaNetMixer:
             state,
             xp.ascontiguousarray(log_alpha.T),
             xp.ascontiguousarray(beta.T),
-            chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.use_gate else None
