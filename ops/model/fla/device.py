@@ -99,7 +99,7 @@ class DeviceWeights(Weights):
     def table(self, tensor: Any) -> Any:
         return self.held_array(tensor)
 
-    def dense(self, tensor: Any, *, split: bool = True) -> Dense:
+    def dense(self, tensor: Any, *, split: bool = True, columns: bool = True) -> Dense:
         return DeviceDense(self.held_array(tensor), self.ops.xp)
 
     def fused(self, parts: Sequence[tuple[str, Any]]) -> FusedProjection:

@@ -138,3 +138,36 @@ def test_a_library_that_cannot_pack_keeps_the_mapped_weights(tmp_path, monkeypat
         assert "the weights packed once at load (PyTorch's CPU library)" in line
     finally:
         mkl._loaded.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_fused_projection_s_parts_packed_whole_give_the_column_ranges_bits(
+    tmp_path, monkeypatch, dtype
+):
+    """The parts of a fused projection of several are packed as one range of columns each (a
+    long chunk's row ranges then multiply the whole width); their products, and so a forward
+    streamed in short and long chunks, have the bits of the parts packed per range of columns,
+    as a lone product is (k below 1,024: MKL's packed product is its SGEMM's there)."""
+    if not can_pack(dtype):
+        pytest.skip(f"MKL cannot pack {dtype} weights here")
+    from linstream.ops.model.fla import dense
+
+    wide = {"hidden_size": 256, "num_heads": 4, "intermediate_size": 512}  # 2 column ranges
+    cfg = {**TINY_CONFIGS["delta_net"], **wide}
+    folder = write_folder(tmp_path / "dn", cfg, dtype="BF16", seed=5)
+    ids = np.random.default_rng(SEED).integers(0, 50, 700)
+    bounds = [0, 64, 600, 700]  # a short chunk, a long one (row ranges), a short one
+    whole = load_model(folder, compute_dtype=dtype)
+
+    def per_columns(self, parts):  # every part packed per range of its columns
+        return dense.FusedProjection({name: self.dense(w) for name, w in parts})
+
+    monkeypatch.setattr(dense.Weights, "fused", per_columns)
+    columns = load_model(folder, compute_dtype=dtype)
+    # the two loads did pack differently (else this would compare a load with itself)
+    one, several = (m._blocks[0].gate_up.parts["gate"] for m in (whole, columns))
+    assert len(one.packed.ranges) == 1 and len(several.packed.ranges) == 2
+    got, _ = stream_hidden_states(whole, ids, bounds)
+    want, _ = stream_hidden_states(columns, ids, bounds)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
