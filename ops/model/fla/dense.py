@@ -31,7 +31,8 @@ The contract (what a family may rely on, and what a compute mode may change):
   it has not), with float32 activations (`weights.dtype`).  A weight
   stored in the held dtype is kept as the loader handed it (a local file's mapping: not copied);
   any other is converted once, at load.  An engine that `packs` (MKL from Intel's package) packs
-  each bfloat16 weight once, per range of its output columns, and the Dense keeps only that
+  each bfloat16 weight once, per range of its output columns (a part of a fused projection of
+  several: in one range, as a short chunk runs it whole), and the Dense keeps only that
   (`Dense.packed`: the loader's mapping is let go with its layer); so does the float32 mode
   where its products pack (`f32.Float32Products.packs`: MKL, either library).
 - Inside `split_rows(split)` (the runtime's forward) a product's rows run in the ranges of
