@@ -220,7 +220,8 @@ def to_fla_cache(
     cache = cache_class()
     for i, s in enumerate(st):
         rec = s["S"].transpose(0, 2, 1) if value_major else s["S"]
-        convs = [_conv_to_fla(torch, s[n], device, tdtype) for n in s if n.startswith("conv_")]
+        names = [n for n in model.state_specs[i].names() if n.startswith("conv_")]  # fla's order
+        convs = [_conv_to_fla(torch, s[n], device, tdtype) for n in names]
         conv: Any = None
         if convs:
             conv = tuple(convs) if conv_tuple else convs[0]
