@@ -60,6 +60,7 @@ __all__ = [
     "short_conv",
     "silu",
     "swiglu",
+    "write_heads",
 ]
 
 _WORK_PER_ELEMENT = 16  # as ops/model/kernels.py: a parallel region from 2^18 elements
@@ -207,22 +208,32 @@ def _head_norm_kernel(parallel: bool) -> Any:
     return run
 
 
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+def write_heads(row, t, l2, eps, scale, out):  # pragma: no cover - compiled
+    """row [H·d] into out[:, t] (head-major), each head L2-normalized times scale if l2."""
+    one = row.dtype.type(1)
+    d = out.shape[2]
+    for h in range(out.shape[0]):
+        src = row[h * d : (h + 1) * d]
+        dst = out[h, t]
+        if l2:
+            ss = row.dtype.type(0)
+            for j in range(d):
+                ss += src[j] * src[j]
+            r = one / math.sqrt(ss + eps)
+            for j in range(d):
+                dst[j] = src[j] * r * scale
+        else:
+            for j in range(d):
+                dst[j] = src[j]
+
+
 def _l2_heads_kernel(parallel: bool) -> Any:
     @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
     def run(x, eps, scale, out):  # pragma: no cover - compiled
         # out[h, t] = x[t, h·d : (h+1)·d] / sqrt(Σ² + eps) · scale
-        one = x.dtype.type(1)
-        d = out.shape[2]
         for t in prange(x.shape[0]):
-            for h in range(out.shape[0]):
-                src = x[t, h * d : (h + 1) * d]
-                ss = x.dtype.type(0)
-                for j in range(d):
-                    ss += src[j] * src[j]
-                r = one / math.sqrt(ss + eps)
-                row = out[h, t]
-                for j in range(d):
-                    row[j] = src[j] * r * scale
+            write_heads(x[t], t, True, eps, scale, out)
 
     return run
 

@@ -15,20 +15,20 @@ through two passes each, the convolution (SiLU in it) and then `fused.l2_heads` 
 each a round trip of a [T, D] array; `conv_heads` is one, every row convolved into a buffer of
 its thread's and written out from there: 58 ms of DeltaNet ~110M's chunk before, 35 ms here.
 
-The values and their order of operations are those of the passes they replace (`fused.conv`'s
-row, `fused.l2_heads`' sum of squares, x · r · scale): the same bits, tested against them.
+A row is computed by the functions the passes it replaces run (`fused.conv_row4` and
+`_conv_row`, then `fused.write_heads`, `fused.l2_heads`' own): the same bits, tested against
+them.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from linstream.ops.numba_tools import FASTMATH, njit_variant, worth_threads
-from numba import njit, prange
+from numba import prange
 
-from .fused import _conv_row, conv_row4
+from .fused import _conv_row, conv_row4, write_heads
 
 __all__ = ["conv_heads", "head_major"]
 
@@ -51,26 +51,6 @@ def _head_major_kernel(parallel: bool) -> Any:
     return run
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
-def _write_heads(row, t, l2, eps, scale, out):  # pragma: no cover - compiled
-    """row [H·d] into out[:, t] (head-major), each head L2-normalized times scale if l2."""
-    one = row.dtype.type(1)
-    d = out.shape[2]
-    for h in range(out.shape[0]):
-        src = row[h * d : (h + 1) * d]
-        dst = out[h, t]
-        if l2:
-            ss = row.dtype.type(0)
-            for j in range(d):
-                ss += src[j] * src[j]
-            r = one / math.sqrt(ss + eps)
-            for j in range(d):
-                dst[j] = src[j] * r * scale
-        else:
-            for j in range(d):
-                dst[j] = src[j]
-
-
 def _conv_heads_kernel(parallel: bool) -> Any:
     @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
     def run(x, head, wt, silu, l2, eps, scale, out):  # pragma: no cover - compiled
@@ -85,7 +65,7 @@ def _conv_heads_kernel(parallel: bool) -> Any:
                     conv_row4(a, b, c, e, wt[0], wt[1], wt[2], wt[3], bias, silu, row)
                 else:  # the rows reading the tail, and every row at another width
                     _conv_row(x, head, wt, bias, silu, t, row)
-                _write_heads(row, t, l2, eps, scale, out)
+                write_heads(row, t, l2, eps, scale, out)
 
     return run
 
