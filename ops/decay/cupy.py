@@ -26,7 +26,7 @@ from linstream.ops.cuda import (
     set_shared_bytes,
     state_dtype,
 )
-from linstream.ops.decay.constants import LOG_GATE_FLOOR
+from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK, LOG_GATE_FLOOR
 
 from . import cupy_kernels as ck
 
@@ -42,11 +42,13 @@ def decay_chunks(
     eps_t: Any,
     *,
     normalize: bool,
-    chunk_size: int,
+    chunk_size: int | None = None,
     launcher: Launcher | None = None,
 ) -> Any:
     """Returns out [H, T, d_v] in the compute dtype (a NumPy array when qh is one); sx is
-    updated in place.  See the module docstring."""
+    updated in place.  chunk_size None: DEFAULT_RULE_CHUNK.  See the module docstring."""
+    if chunk_size is None:
+        chunk_size = DEFAULT_RULE_CHUNK
     lau = launcher if launcher is not None else cupy_launcher()
     xp = lau.xp
     kind = common_kind({"qh": qh, "kh": kh, "vh": vh})

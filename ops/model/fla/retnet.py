@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from linstream.ops.decay.constants import DEFAULT_RULE_CHUNK
 
 from .config import CommonConfig, ConfigReader
 from .dense import Weights
@@ -159,7 +158,6 @@ class RetNetMixer:
             log_gate,
             xp.zeros((h, t)),
             normalize=False,
-            chunk_size=DEFAULT_RULE_CHUNK,
         )
         o = row_major(o)
         gate = p["g"].reshape(o.shape) if s.output_gate else None
