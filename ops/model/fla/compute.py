@@ -171,6 +171,11 @@ class Compute:
     def rotary(self, x: Any, cos: Any, sin: Any) -> Any:
         return pieces.rotary(x, cos, sin, xp=self._xp)
 
+    def rotary_heads(
+        self, x: Any, cos: Any, sin: Any, d: int, scale: float | None = None, repeat: int = 1
+    ) -> Any:
+        return pieces.rotary_heads(x, cos, sin, d, scale, repeat, xp=self._xp)
+
     def rotary_tables(self, dim: int, start: int, t: int, dtype: Any) -> tuple[Any, Any]:
         """`pieces.rotary_tables`, formed on the host in float64, in this backend's arrays."""
         cos, sin = pieces.rotary_tables(dim, start, t, dtype)

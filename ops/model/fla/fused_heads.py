@@ -30,7 +30,7 @@ from numba import prange
 
 from .fused import _conv_row, conv_row4, write_heads
 
-__all__ = ["conv_heads", "head_major"]
+__all__ = ["conv_heads", "head_major", "rotary_heads"]
 
 _WORK_PER_ELEMENT = 16  # as fused's: a parallel region from 2^18 elements
 _TASKS = 16  # `conv_heads`' parallel tasks (rows T/16 each, one buffer each)
@@ -70,7 +70,34 @@ def _conv_heads_kernel(parallel: bool) -> Any:
     return run
 
 
+def _rotary_heads_kernel(parallel: bool) -> Any:
+    # no fastmath: NumPy's roundings (each product and sum rounded, no fused multiply-add)
+    @njit_variant(parallel, nogil=True, error_model="numpy")
+    def run(x, cos, sin, scale, scaled, repeat, out):  # pragma: no cover - compiled
+        # out[h·repeat + r, t] = [x1·cos − x2·sin, x2·cos + x1·sin] (· scale) of head h at t
+        d = out.shape[2]
+        half = d // 2
+        for t in prange(x.shape[0]):
+            c, s = cos[t], sin[t]
+            for h in range(x.shape[1] // d):
+                src = x[t, h * d : (h + 1) * d]
+                dst = out[h * repeat, t]
+                for j in range(half):
+                    a = src[j] * c[j] - src[half + j] * s[j]
+                    b = src[half + j] * c[j] + src[j] * s[j]
+                    if scaled:
+                        a = a * scale
+                        b = b * scale
+                    dst[j] = a
+                    dst[half + j] = b
+                for r in range(1, repeat):
+                    out[h * repeat + r, t, :] = dst
+
+    return run
+
+
 _HEAD_MAJOR = {p: _head_major_kernel(p) for p in (False, True)}
+_ROTARY_HEADS = {p: _rotary_heads_kernel(p) for p in (False, True)}
 _CONV_HEADS = {p: _conv_heads_kernel(p) for p in (False, True)}
 
 
@@ -102,4 +129,19 @@ def conv_heads(
     f = x.dtype.type
     run = _CONV_HEADS[worth_threads(x.size * w.shape[1] * 4)]
     run(x, head, wt, bool(silu_after), bool(l2), f(eps), f(scale), out)
+    return out
+
+
+def rotary_heads(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, d: int, scale: float | None, repeat: int
+) -> np.ndarray:
+    """`pieces.rotary` of x [T, H·d] (heads of d; any row stride) by cos, sin [T, d/2] in x's
+    dtype, times scale unless None, written head-major [H·repeat, T, d] (`head_major`'s
+    layout): the rotation, the scaling and the copy in one pass, each value rounded as NumPy
+    rounds them apart (tested: the same bits)."""
+    out = np.empty((x.shape[1] // d * repeat, x.shape[0], d), dtype=x.dtype)
+    f = x.dtype.type
+    c, s = (np.ascontiguousarray(a, dtype=x.dtype) for a in (cos, sin))
+    run = _ROTARY_HEADS[worth_threads(out.size * _WORK_PER_ELEMENT)]
+    run(x, c, s, f(1.0 if scale is None else scale), scale is not None, repeat, out)
     return out

@@ -139,11 +139,9 @@ class RetNetMixer:
             q, k = ops.activation(s.feature_map, q), ops.activation(s.feature_map, k)
         start = int(st[POSITION][0])
         cos, sin = ops.rotary_tables(s.head_k_dim, start, t, x.dtype)
-        q, k = ops.rotary(q, cos, sin), ops.rotary(k, cos, sin)
-        q *= x.dtype.type(s.head_k_dim**-0.5)
-        g = s.kv_groups
-        qh = ops.head_major(q.reshape(t, -1), s.head_k_dim)
-        kh = ops.head_major(k.reshape(t, -1), s.head_k_dim, g)
+        g, dk = s.kv_groups, s.head_k_dim  # rotated, scaled (q), head-major: one pass each
+        qh = ops.rotary_heads(q.reshape(t, -1), cos, sin, dk, dk**-0.5)
+        kh = ops.rotary_heads(k.reshape(t, -1), cos, sin, dk, None, g)
         vh = ops.head_major(p["v"], s.head_v_dim, g)
         h, dv = s.num_heads, s.head_v_dim
         ones = xp.ones((h, t, 1), dtype=x.dtype)  # the decay kernel carries z as a last column

@@ -111,3 +111,27 @@ def test_the_thread_count_changes_no_bit():
         numba.set_num_threads(before)
     for one, two in zip(*outs, strict=True):
         np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1, 7, 300])
+def test_rotary_heads_is_numpy_s_rotation_scaling_and_copy(dtype, t):
+    """RetNet's q and k: `pieces.rotary` (NumPy), times the scale, then NumPy's head-major copy
+    with each head repeated; the fused pass gives their bits, serial and parallel, from a column
+    slice of a product as from a contiguous array, at positions far into a stream."""
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED + t)
+    heads, d = 3, 16
+    product = rng.standard_normal((t, 2 * heads * d + 5)).astype(dtype)
+    cos, sin = pieces.rotary_tables(d, 10**9, t, dtype)
+    for x in (product[:, heads * d : 2 * heads * d], np.ascontiguousarray(product[:, : heads * d])):
+        for scale, repeat in ((d**-0.5, 1), (None, 2)):
+            y = pieces.rotary(x.reshape(t, heads, d), cos, sin)
+            if scale is not None:
+                y *= dtype(scale)
+            want = _numpy_head_major(y.reshape(t, -1), d, repeat)
+            for parallel in (False, True):
+                with only_version(parallel):
+                    got = pieces.rotary_heads(x, cos, sin, d, scale, repeat)
+                assert got.shape == (heads * repeat, t, d) and got.flags.c_contiguous
+                np.testing.assert_array_equal(got, want)
