@@ -42,13 +42,11 @@ def decay_chunks(
     eps_t: Any,
     *,
     normalize: bool,
-    chunk_size: int | None = None,
+    chunk_size: int = DEFAULT_RULE_CHUNK,
     launcher: Launcher | None = None,
 ) -> Any:
     """Returns out [H, T, d_v] in the compute dtype (a NumPy array when qh is one); sx is
-    updated in place.  chunk_size None: DEFAULT_RULE_CHUNK.  See the module docstring."""
-    if chunk_size is None:
-        chunk_size = DEFAULT_RULE_CHUNK
+    updated in place.  See the module docstring."""
     lau = launcher if launcher is not None else cupy_launcher()
     xp = lau.xp
     kind = common_kind({"qh": qh, "kh": kh, "vh": vh})

@@ -27,24 +27,11 @@ import math
 
 import numba
 import numpy as np
-from linstream.ops.decay.constants import ERASING_GATE, LOG_GATE_FLOOR
+from linstream.ops.decay.constants import ERASING_GATE, HOST_RULE_CHUNK, LOG_GATE_FLOOR
 from linstream.ops.numba_tools import FASTMATH, exp
 from numba import prange
 
-__all__ = [
-    "CHUNK",
-    "ERASING_GATE",
-    "LOG_GATE_FLOOR",
-    "chunk_end",
-    "decay_chunks",
-    "floored_log_gates",
-]
-
-#: the chunk when the caller names none (RetNet's layer): its small products fewer per token
-#: than at the rules' 64 (on RetNet ~110M's shapes, 8 heads of 96 × 192 at 2,048 tokens, 2
-#: threads, BLAS at one: the kernel 1.6x faster, the model's float32 forward 1.035x; outputs
-#: within 6e-7 of the largest of the 64-token chunks')
-CHUNK = 32
+__all__ = ["ERASING_GATE", "LOG_GATE_FLOOR", "chunk_end", "decay_chunks", "floored_log_gates"]
 
 
 def floored_log_gates(log_gate: np.ndarray) -> np.ndarray:
@@ -137,14 +124,12 @@ def decay_chunks(
     eps_t: np.ndarray,
     *,
     normalize: bool,
-    chunk_size: int | None = None,
+    chunk_size: int = HOST_RULE_CHUNK,
 ) -> np.ndarray:
     """Head-major inputs (ops/rules/gather.py): qh, kh [H, T, F] mapped, vh [H, T, d_v+1] with a
     ones column, one compute dtype; sx [H, F, d_v+1] the state (S, then z as the last column) in
-    the state dtype, updated in place; log_gate, eps_t [H, T] float64; chunk_size None: CHUNK.
-    Returns out [H, T, d_v]."""
-    if chunk_size is None:
-        chunk_size = CHUNK
+    the state dtype, updated in place; log_gate, eps_t [H, T] float64.  Returns out
+    [H, T, d_v]."""
     h, t, _ = qh.shape
     out = np.empty((h, t, vh.shape[2] - 1), dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))

@@ -40,13 +40,11 @@ def delta_chunks(
     log_gate: Any,
     beta: Any,
     *,
-    chunk_size: int | None = None,
+    chunk_size: int = DEFAULT_RULE_CHUNK,
     launcher: Launcher | None = None,
 ) -> Any:
     """Returns out [H, T, d_v] in the compute dtype (a NumPy array when qh is one); s is
-    updated in place.  chunk_size None: DEFAULT_RULE_CHUNK.  See the module docstring."""
-    if chunk_size is None:
-        chunk_size = DEFAULT_RULE_CHUNK
+    updated in place.  See the module docstring."""
     lau = launcher if launcher is not None else cupy_launcher()
     xp = lau.xp
     kind = common_kind({"qh": qh, "kh": kh, "vh": vh})

@@ -19,10 +19,8 @@ own rows one by one (1.06x plain, 1.13x gated, the same shapes, one thread), the
 
 A chunk's work is small matrix products (BLAS calls), n²·F multiply-adds a token for Q Kᵀ, K Kᵀ
 and the substitution beside F·d_v for the state's; a caller naming no chunk (the fla families)
-gets CHUNK = 32 tokens: on DeltaNet ~110M's shapes (12 heads of 64, 2,048 tokens, 2 threads,
-BLAS at one) the kernel ran 1.1-1.2x faster than at the rules' 64 tokens (16: about as fast as
-32 in the model), the model's float32 forward 1.03x, and the error against float64 stayed
-3-4e-7 of the largest output at chunks of 8 to 64 (measured here).
+gets `constants.HOST_RULE_CHUNK` = 32 tokens (on DeltaNet ~110M's shapes the kernel 1.1-1.2x
+faster than at the rules' 64, 16 tokens about as fast as 32 in the model; measured there).
 
 All exponents are ≤ 0.  Chunk math runs in the compute dtype; the contribution is added to the
 state in the state's dtype.  z is not used by these rules.  The chunks end where the decaying
@@ -46,17 +44,14 @@ import math
 
 import numba
 import numpy as np
-from linstream.ops.decay.constants import flush_log
+from linstream.ops.decay.constants import HOST_RULE_CHUNK, flush_log
 from linstream.ops.decay.numba import chunk_end, floored_log_gates
 from linstream.ops.numba_tools import exp
 from numba import prange
 
-__all__ = ["CHUNK", "delta_chunks"]
+__all__ = ["delta_chunks"]
 
 SUBST = 16  # rows of U substituted one by one; the earlier rows' terms: one product per block
-#: the chunk when the caller names none (the fla families): shorter than the rules' 64, the
-#: kernel's small products (BLAS calls on 64 × 64 matrices) fewer per token, the same error
-CHUNK = 32
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -168,13 +163,11 @@ def delta_chunks(
     log_gate: np.ndarray,
     beta: np.ndarray,
     *,
-    chunk_size: int | None = None,
+    chunk_size: int = HOST_RULE_CHUNK,
 ) -> np.ndarray:
     """Head-major inputs (ops/rules/gather.py): qh [H, T, F], kh [H, T, F] unit keys, vh
     [H, T, d_v], one compute dtype; s [H, F, d_v] the state in the state dtype, updated in
-    place; log_gate, beta [H, T] float64; chunk_size None: CHUNK.  Returns out [H, T, d_v]."""
-    if chunk_size is None:
-        chunk_size = CHUNK
+    place; log_gate, beta [H, T] float64.  Returns out [H, T, d_v]."""
     t = qh.shape[1]
     out = np.empty(vh.shape, dtype=qh.dtype)
     c = max(1, min(int(chunk_size), t))

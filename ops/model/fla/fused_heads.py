@@ -34,11 +34,10 @@ import numpy as np
 from linstream.ops.numba_tools import FASTMATH, njit_variant, worth_threads
 from numba import prange
 
-from .fused import _conv_row, conv_row4, write_heads
+from .fused import _WORK_PER_ELEMENT, _conv_row, conv_row4, write_heads
 
 __all__ = ["conv_heads", "head_major", "rotary_heads"]
 
-_WORK_PER_ELEMENT = 16  # as fused's: a parallel region from 2^18 elements
 _TASKS = 16  # `conv_heads`' parallel tasks (rows T/16 each, one buffer each)
 
 

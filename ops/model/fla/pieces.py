@@ -70,6 +70,13 @@ def _fused() -> Any:
     return fused
 
 
+def _fused_heads() -> Any:
+    """The head-major passes (`fused_heads`), imported as `_fused`."""
+    from . import fused_heads
+
+    return fused_heads
+
+
 def _ns(xp: Any) -> Any:
     return np if xp is None else xp
 
@@ -120,9 +127,7 @@ def head_major(x: np.ndarray, d: int, repeat: int = 1, *, xp: Any = None) -> np.
     """[T, n·d] -> a new contiguous [n·repeat, T, d], each head repeated `repeat` times in place
     (head i of the result is head i // repeat of x: fla's grouped key/value heads)."""
     if xp is None and _fusable(x, 2):
-        from . import fused_heads  # one pass on Numba's threads
-
-        return fused_heads.head_major(x, d, repeat)
+        return _fused_heads().head_major(x, d, repeat)  # one pass on Numba's threads
     n = _ns(xp)
     t = x.shape[0]
     h = n.ascontiguousarray(x.reshape(t, -1, d).transpose(1, 0, 2))
@@ -261,10 +266,8 @@ def short_conv(
     if xp is None and x.ndim == 2 and x.dtype in (np.float32, np.float64) and w.shape[1] > 1:
         if heads is None:
             return _fused().short_conv(x, tail, w, silu_after)
-        from . import fused_heads
-
         l2, scale = l2_scale is not None, 1.0 if l2_scale is None else l2_scale
-        y = fused_heads.conv_heads(x, tail, w, silu_after, heads, l2, scale, _L2_EPS)
+        y = _fused_heads().conv_heads(x, tail, w, silu_after, heads, l2, scale, _L2_EPS)
         return y, _fused().conv_tail(x, tail, w.shape[1] - 1)
     n = _ns(xp)
     t = x.shape[0]
@@ -343,9 +346,7 @@ def rotary_heads(
     [H·repeat, T, d] (`head_major`): RetNet's q and k, one fused pass
     (`fused_heads.rotary_heads`, the same bits) for float32/float64 on the host."""
     if xp is None and _fusable(x, 2):
-        from . import fused_heads
-
-        return fused_heads.rotary_heads(x, cos, sin, d, scale, repeat)
+        return _fused_heads().rotary_heads(x, cos, sin, d, scale, repeat)
     t = x.shape[0]
     y = rotary(x.reshape(t, -1, d), cos, sin, xp=xp)
     if scale is not None:
