@@ -11,16 +11,28 @@ What is compared, per family (the tiny random folders of helpers/fla_folders.py)
 - where there is no device, backend "cupy" refuses in one line, from the API and the CLI.
 
 Tolerance, derived as tests/ops/fla/test_fla_oracle.py derives its own: the reference is the host
-runtime in float64 in one piece (the model's math in float64); the host's float32 run over the
-same split differs from it by e32 (measured per case).  The device's float32 run must stay within
-FACTOR · e32 of the reference: the same rounding at the same unit roundoff, with a factor of 8
-(3 bits) for a different evaluation order (the kernels' chunk sizes fitted to shared memory, the
-pieces as array expressions where the host runs fused Numba passes with a polynomial exp).  The
-states are held to the same bound with e32 measured on the states.
+runtime in float64 in one piece (the model's math in float64); a float32 run over the same split
+differs from it by e32.  The device's float32 run must stay within FACTOR · e32 of the reference:
+the same rounding at the same unit roundoff, with a factor of 8 (3 bits) for a different
+evaluation order (the kernels' chunk sizes fitted to shared memory, the pieces as array
+expressions where the host runs fused Numba passes with a polynomial exp).  The states are held
+to the same bound with e32 measured on the states.
+
+e32 is the largest error of 1 + PERTURBED float32 host runs: the model as stored, and copies of
+its float32 weights each moved by a seeded random factor within float32's unit roundoff (other
+float32 roundings of the same model, `_perturbed`).  One run's error is one draw, and the
+largest element's is not always typical: where a head's attention output nearly cancels and its
+norm rescales it, the error there was 4.6e-7, 4.4e-6 and 2.6e-5 in three draws, and the lucky
+first one made an ordinary device error (2.3e-5) 8.5x the host's (Gated DeltaNet, seed 466, an
+example below: the device's inputs to the delta kernel a rounding from the host's, the two
+kernels agreeing to a rounding on the same inputs).  Against the three draws: 0.9x there, at
+most 1.35x over 41 seeds (the other families: 1.2-1.5x).  bfloat16 weights carry no such
+perturbation: there e32 is the host run's alone.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -30,7 +42,7 @@ from helpers.cli import linstream, one_error_line, write_texts
 from helpers.cuda_emu import EmuLauncher, compiler_missing
 from helpers.fla_folders import TINY_CONFIGS, write_folder
 from helpers.streaming import random_bounds, worst
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from linstream.ops.backend import BackendUnavailableError, cupy_available
 from linstream.ops.model.device import _CupyDevice
@@ -42,6 +54,7 @@ _TESTS = Path(__file__).resolve().parents[2]
 FAMILIES = ["gla", "retnet", "hgrn2", "delta_net", "gated_deltanet"]
 T = 40  # tokens: across the delta kernels' 32-token chunks, short of the decay rules' 64
 FACTOR = 8  # see the module docstring
+PERTURBED = 2  # float32 runs on perturbed weights beside the host's (the module docstring)
 
 
 def _device() -> _CupyDevice:
@@ -89,24 +102,60 @@ def _reference(folder, ids, mode="float32"):
     return ref_hs, ref_st, load_model(folder, compute_dtype=mode)
 
 
-def _compare(model, dev, ids, bounds, ref_hs, ref_st):
-    """(device error, tolerance) for hidden states and states over the split `bounds`."""
+@functools.cache
+def _perturbed(folder: Path) -> tuple:
+    """PERTURBED float32 models, each on folder's weights times 1 + δ per element, δ uniform in
+    ±2^-24 (seeded), written beside the folder; none where a weight is not float32."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors: dict = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    if any(a.dtype != np.float32 for a in tensors.values()):
+        return ()
+    models = []
+    for j in range(PERTURBED):
+        rng = np.random.default_rng(j)
+        moved = {k: (a * (1 + 2.0**-24 * rng.uniform(-1, 1, a.shape))).astype(np.float32)
+                 for k, a in tensors.items()}  # fmt: skip
+        out = folder.parent / f"{folder.name}_perturbed{j}"
+        out.mkdir(exist_ok=True)
+        (out / "config.json").write_text((folder / "config.json").read_text())
+        save_file(moved, str(out / "model.safetensors"))
+        models.append(load_model(out, compute_dtype="float32"))
+    return tuple(models)
+
+
+def _float32_error(model, folder, ids, bounds, ref_hs, ref_st):
+    """(the host's hidden states, its states, e32 on hidden states, e32 on states): the largest
+    errors of the host's run over `bounds` and of the perturbed models' runs (the module
+    docstring)."""
     host_hs, host_st = _host_run(model, ids, bounds)
+    runs = [(host_hs, host_st)]
+    if model.compute_dtype == np.float32:
+        runs += [_host_run(p, ids, bounds) for p in _perturbed(Path(folder))]
+    e32 = max(worst(hs, ref_hs) for hs, _ in runs)
+    s32 = max(worst(_state_arrays(st), _state_arrays(ref_st)) for _, st in runs)
+    return host_hs, host_st, e32, s32
+
+
+def _compare(model, folder, dev, ids, bounds, ref_hs, ref_st):
+    """(device error, tolerance) for hidden states and states over the split `bounds`."""
+    _, _, e32, s32 = _float32_error(model, folder, ids, bounds, ref_hs, ref_st)
     dev_hs, dev_st = _device_run(model, dev, ids, bounds)
     assert all(type(h) is np.ndarray and h.dtype == model.compute_dtype for h in dev_hs)
     assert all(isinstance(s, LayerState) for s in dev_st)
     assert all(a.dtype == np.float64 and type(a) is np.ndarray for a in _state_arrays(dev_st))
-    e32 = worst(host_hs, ref_hs)
-    s32 = worst(_state_arrays(host_st), _state_arrays(ref_st))
     err = worst(dev_hs, ref_hs)
     serr = worst(_state_arrays(dev_st), _state_arrays(ref_st))
-    print(f"hidden: device {err:.3g} host {e32:.3g}; states: device {serr:.3g} host {s32:.3g}")
+    print(f"hidden: device {err:.3g} f32 {e32:.3g}; states: device {serr:.3g} f32 {s32:.3g}")
     return err, FACTOR * e32, serr, FACTOR * s32
 
 
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=466)  # a lucky host draw at an ill-conditioned element (the module docstring)
 @pytest.mark.parametrize("name", FAMILIES)
 def test_device_forward_equals_the_host_runtime(folders, name, seed):
     rng = np.random.default_rng(seed)
@@ -114,7 +163,7 @@ def test_device_forward_equals_the_host_runtime(folders, name, seed):
     bounds = sorted({*random_bounds(rng, T), int(rng.integers(1, T))})  # a state carried, at least
     print(f"family={name} seed={seed} bounds={bounds}")
     ref_hs, ref_st, model = _reference(folders(name), ids)
-    err, tol, serr, stol = _compare(model, _device(), ids, bounds, ref_hs, ref_st)
+    err, tol, serr, stol = _compare(model, folders(name), _device(), ids, bounds, ref_hs, ref_st)
     assert err <= tol
     assert serr <= stol
 
@@ -134,7 +183,7 @@ def test_a_state_dropped_on_the_device_fails_the_comparison(folders, name, monke
     monkeypatch.setattr(device, "upload_states", dropped)
     ids = np.arange(T) % 50
     ref_hs, ref_st, model = _reference(folders(name), ids)
-    err, tol, _, _ = _compare(model, _device(), ids, [0, 13, T], ref_hs, ref_st)
+    err, tol, _, _ = _compare(model, folders(name), _device(), ids, [0, 13, T], ref_hs, ref_st)
     assert err > 100 * tol
 
 
@@ -147,14 +196,13 @@ def test_a_sequence_moves_between_host_and_device(folders, name):
     cuts = [0, 1, 9, 17, 30, T]
     print(f"family={name} cuts={cuts}")
     ref_hs, ref_st, model = _reference(folders(name), ids)
-    host_hs, host_st = _host_run(model, ids, cuts)
+    _, _, e32, s32 = _float32_error(model, folders(name), ids, cuts, ref_hs, ref_st)
     dev = _device()
     a, st1 = _host_run(model, ids, cuts[:3])
     b, st2 = _device_run(model, dev, ids, [cuts[2], cuts[3], cuts[4]], st1)
     c, st3 = _host_run(model, ids, cuts[4:], st2)
     got = [np.concatenate(parts) for parts in zip(a, b, c, strict=True)]
-    tol = FACTOR * worst(host_hs, ref_hs)
-    stol = FACTOR * worst(_state_arrays(host_st), _state_arrays(ref_st))
+    tol, stol = FACTOR * e32, FACTOR * s32
     err, serr = worst(got, ref_hs), worst(_state_arrays(st3), _state_arrays(ref_st))
     print(f"handoff error {err:.3g} (tolerance {tol:.3g}), states {serr:.3g} ({stol:.3g})")
     assert err <= tol
@@ -186,7 +234,8 @@ def test_bfloat16_weights_stay_16_bit_on_the_device(folders, name):
     ids = np.random.default_rng(3).integers(0, 50, T)
     ref_hs, ref_st, model = _reference(folders(name, "BF16"), ids, "bfloat16")
     dev = _device()
-    err, tol, serr, stol = _compare(model, dev, ids, [0, 11, T], ref_hs, ref_st)
+    err, tol, serr, stol = _compare(model, folders(name, "BF16"), dev, ids, [0, 11, T], ref_hs,
+                                    ref_st)  # fmt: skip
     assert err <= tol
     assert serr <= stol
     held = model._device_models[dev.cache_key()]
@@ -268,7 +317,7 @@ def test_every_option_of_the_oracle_configs_runs_on_the_device(tmp_path):
         bounds = sorted({*random_bounds(rng, T), int(rng.integers(1, T))})
         print(f"config={name} bounds={bounds}")
         ref_hs, ref_st, model = _reference(folder, ids)
-        err, tol, serr, stol = _compare(model, _device(), ids, bounds, ref_hs, ref_st)
+        err, tol, serr, stol = _compare(model, folder, _device(), ids, bounds, ref_hs, ref_st)
         assert err <= tol, name
         assert serr <= stol, name
 
