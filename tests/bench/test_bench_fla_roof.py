@@ -29,7 +29,9 @@ quiet one):
   roof = their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the
   rounds' tokens/s; share = achieved / roof (the bfloat16 mode against the same float32 roof).
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
-  and activations, layout copies, other).
+  and activations, layout copies, other); a line under the table gives, per family, the float32
+  products' rate against the roof: the share over the products' part of the time (the share is
+  that rate times the products' part, so what keeps it below the rate is the time outside them).
 - fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
   carrying its cache, cold and warm (see test_bench_fla.py); its first chunk's hidden states are
   the reference for each mode's error (rms of the difference over the rms of fla's).  RWKV-7 and
@@ -447,7 +449,7 @@ def test_bench_fla_roof(tmp_path):
         "error vs fla float32 | weights held |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    engines, ratios, helpers = set(), {}, []
+    engines, ratios, helpers, at_roof = set(), {}, [], []
     rates: dict[str, dict[str, float]] = {}  # per family: each mode's and llama.cpp's tok/s
     llama_commit = ""
     for family in FAMILIES:
@@ -475,6 +477,9 @@ def test_bench_fla_roof(tmp_path):
             gain = r["small_tokens_per_s"] / r["small_pooled_tokens_per_s"]
             helpers.append(f"{family} {mode} {gain:.2f}x")
             p = r["profile"]
+            if mode == "float32":  # the share over the products' part of the time
+                share = r["achieved_gflops"] / r["roof_gflops"]
+                at_roof.append(f"{family} {share / p['products']:.0%}")
             prof = " / ".join(
                 f"{p[k]:.0%}"
                 for k in ("products", "recurrence", "norms and activations", "layout copies")
@@ -488,6 +493,10 @@ def test_bench_fla_roof(tmp_path):
                 f"{err:.2e} | {r['held_bytes'] / mib:.0f} MiB |"
             )
     lines += ["", *(f"engine: {e}" for e in sorted(engines))]
+    lines.append(
+        "float32: the products' rate against the roof (the share over the products' part of a "
+        f"chunk's time; the rest of the share is the time outside them): {', '.join(at_roof)}"
+    )
     lines.append(
         f"{SMALL}-token chunks with the spinning helpers over the same with every hand-off on "
         f"the pool (LINSTREAM_SPIN_US=0), interleaved: {', '.join(helpers)}"
