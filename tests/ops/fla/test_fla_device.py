@@ -18,16 +18,16 @@ evaluation order (the kernels' chunk sizes fitted to shared memory, the pieces a
 expressions where the host runs fused Numba passes with a polynomial exp).  The states are held
 to the same bound with e32 measured on the states.
 
-e32 is the largest error of 1 + PERTURBED float32 host runs: the model as stored, and copies of
-its float32 weights each moved by a seeded random factor within float32's unit roundoff (other
-float32 roundings of the same model, `_perturbed`).  One run's error is one draw, and the
+e32 is the largest error of 1 + DRAWS float32 host runs: the model as stored, and copies of its
+weights each moved by a seeded random factor within float32's unit roundoff (other float32
+roundings of the same model, `helpers.float32_draws`).  One run's error is one draw, and the
 largest element's is not always typical: where a head's attention output nearly cancels and its
-norm rescales it, the error there was 4.6e-7, 4.4e-6 and 2.6e-5 in three draws, and the lucky
+norm rescales it, the error there was 4.6e-7, 1.5e-5 and 1.6e-5 in three draws, and the lucky
 first one made an ordinary device error (2.3e-5) 8.5x the host's (Gated DeltaNet, seed 466, an
 example below: the device's inputs to the delta kernel a rounding from the host's, the two
-kernels agreeing to a rounding on the same inputs).  Against the three draws: 0.9x there, at
-most 1.35x over 41 seeds (the other families: 1.2-1.5x).  bfloat16 weights carry no such
-perturbation: there e32 is the host run's alone.
+kernels agreeing to a rounding on the same inputs).  Against the three draws: 1.5x there, at
+most 1.8x over 41 seeds (the other families: 1.1-1.5x).  The bfloat16 mode has no such
+copies (it would round them back): there e32 is the host run's alone.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import pytest
 from helpers.cli import linstream, one_error_line, write_texts
 from helpers.cuda_emu import EmuLauncher, compiler_missing
 from helpers.fla_folders import TINY_CONFIGS, write_folder
+from helpers.float32_draws import perturbed_folders
 from helpers.streaming import random_bounds, worst
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -54,7 +55,6 @@ _TESTS = Path(__file__).resolve().parents[2]
 FAMILIES = ["gla", "retnet", "hgrn2", "delta_net", "gated_deltanet"]
 T = 40  # tokens: across the delta kernels' 32-token chunks, short of the decay rules' 64
 FACTOR = 8  # see the module docstring
-PERTURBED = 2  # float32 runs on perturbed weights beside the host's (the module docstring)
 
 
 def _device() -> _CupyDevice:
@@ -104,26 +104,8 @@ def _reference(folder, ids, mode="float32"):
 
 @functools.cache
 def _perturbed(folder: Path) -> tuple:
-    """PERTURBED float32 models, each on folder's weights times 1 + δ per element, δ uniform in
-    ±2^-24 (seeded), written beside the folder; none where a weight is not float32."""
-    from safetensors.numpy import load_file, save_file
-
-    tensors: dict = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(f))
-    if any(a.dtype != np.float32 for a in tensors.values()):
-        return ()
-    models = []
-    for j in range(PERTURBED):
-        rng = np.random.default_rng(j)
-        moved = {k: (a * (1 + 2.0**-24 * rng.uniform(-1, 1, a.shape))).astype(np.float32)
-                 for k, a in tensors.items()}  # fmt: skip
-        out = folder.parent / f"{folder.name}_perturbed{j}"
-        out.mkdir(exist_ok=True)
-        (out / "config.json").write_text((folder / "config.json").read_text())
-        save_file(moved, str(out / "model.safetensors"))
-        models.append(load_model(out, compute_dtype="float32"))
-    return tuple(models)
+    """The float32 models of `float32_draws.perturbed_folders(folder)` (written once)."""
+    return tuple(load_model(f, compute_dtype="float32") for f in perturbed_folders(folder))
 
 
 def _float32_error(model, folder, ids, bounds, ref_hs, ref_st):
@@ -132,7 +114,7 @@ def _float32_error(model, folder, ids, bounds, ref_hs, ref_st):
     docstring)."""
     host_hs, host_st = _host_run(model, ids, bounds)
     runs = [(host_hs, host_st)]
-    if model.compute_dtype == np.float32:
+    if model.compute_mode == "float32":
         runs += [_host_run(p, ids, bounds) for p in _perturbed(Path(folder))]
     e32 = max(worst(hs, ref_hs) for hs, _ in runs)
     s32 = max(worst(_state_arrays(st), _state_arrays(ref_st)) for _, st in runs)
