@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Never
 
 import apache_beam as beam
 from linstream.pipeline.elements import DeadLetter
@@ -49,9 +49,13 @@ class _PublishFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._futures = []
 
-    def process(self, d: DeadLetter) -> None:
+    # Emits nothing, so returns an empty iterable: Beam takes the return annotation as the
+    # output type hint and needs an iterable there (from 2.78, which resolves postponed
+    # annotations, it refuses `-> None`).
+    def process(self, d: DeadLetter) -> Iterable[Never]:
         data, attributes = dead_letter_message(d)
         self._futures.append(self._client.publish(self.topic, data, **attributes))
+        return ()
 
     def finish_bundle(self) -> None:
         futures, self._futures = self._futures, []

@@ -339,7 +339,9 @@ class DecodeStreamMessages(beam.PTransform):
         super().__init__()
         self._dofn = _DecodeDoFn(kind)
 
-    def expand(self, messages: Any) -> tuple[Any, Any]:
+    # `-> Any`: Beam takes an `expand`'s return annotation as the transform's output type hint,
+    # which can only be one PCollection (it warns on a tuple of two and drops the hint).
+    def expand(self, messages: Any) -> Any:
         out = messages | "Decode" >> beam.ParDo(self._dofn).with_outputs(_DEAD, main="chunks")
         chunks, dead = out.chunks, out[_DEAD]
         chunks.element_type = Chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Never
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -20,11 +20,13 @@ class _Dump(beam.DoFn):
     def __init__(self, directory: str, coder: Any) -> None:
         self.directory, self.coder = directory, coder
 
-    def process(self, element: Any) -> None:
+    # Emits nothing: Beam (from 2.78) refuses a `process` annotated `-> None` in this module.
+    def process(self, element: Any) -> Iterable[Never]:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, uuid.uuid4().hex)
         with open(path, "wb") as f:
             f.write(self.coder.encode(element))
+        return ()
 
 
 def load_dumped(directory: str, coder: Any) -> list[Any]:
