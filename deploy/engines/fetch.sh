@@ -6,7 +6,7 @@
 #           cross-language Kafka I/O of its built-in expansion service      deploy/engines/flink/pom.xml
 #   spark   Beam's Spark job server (Beam 2.70.0, Spark 3.5.1)             deploy/engines/spark/pom.xml
 #   kafka   a Kafka 4.1.1 broker (the streaming tests start it)             deploy/engines/kafka/pom.xml
-#   prism   Beam's Prism runner v2.77.0 (the Python SDK's version), built by `go install`
+#   prism   Beam's Prism runner v2.78.0 (the Python SDK's version), built by `go install`
 #
 # usage: deploy/engines/fetch.sh [PIECE...]          fetch these (default: all), report each
 #        deploy/engines/fetch.sh --path PIECE        fetch it if needed; print its path (a jar
@@ -23,7 +23,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${LINSTREAM_ENGINES_CACHE:-$HOME/.cache/linstream/engines}"
 TIMEOUT="${LINSTREAM_FETCH_TIMEOUT:-900}"
-PRISM_VERSION="v2.77.0"
+PRISM_VERSION="v2.78.0"
 PRISM_MODULE="github.com/apache/beam/sdks/v2/go/cmd/prism"
 DEPENDENCY_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 PIECES=(flink spark kafka prism)

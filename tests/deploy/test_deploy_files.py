@@ -311,6 +311,15 @@ def test_build_script_names_match_the_manifest() -> None:
     assert 'image="$REPO/linstream-sdk:$TAG"' in text
 
 
+def test_fetched_prism_is_of_the_sdks_version() -> None:
+    """fetch.sh builds the Prism of the installed SDK's version, the one `--runner=PrismRunner`
+    looks for in the engines cache (`linstream.pipeline.app.runners.prism_binary`)."""
+    text = (DEPLOY / "engines" / "fetch.sh").read_text()
+    m = re.search(r'^PRISM_VERSION="v([^"]+)"$', text, re.M)
+    assert m, "fetch.sh sets no PRISM_VERSION"
+    assert m.group(1) == BEAM_VERSION
+
+
 # -- launch scripts -------------------------------------------------------------------------------
 
 
