@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from linstream.ops.model.fla import mkl
 
-__all__ = ["can_pack", "mapping_engine"]
+__all__ = ["can_pack", "intel_cpu", "mapping_engine"]
 
 
 def can_pack(dtype: str = "bfloat16") -> bool:
@@ -26,3 +26,10 @@ def mapping_engine(mode: str = "bfloat16") -> str:
     except mkl.MKLUnavailable:
         return "widen" if mode == "bfloat16" else "numpy"
     return "mkl-mapped"
+
+
+def intel_cpu() -> bool:
+    """Whether this CPU is Intel's (where the runtime picks MKL's float32 products)."""
+    from linstream.ops.model.fla.f32 import _intel
+
+    return _intel()

@@ -70,7 +70,7 @@ import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.threads import MIN_ROWS, RowSplit, row_ranges
 
-from . import mkl
+from . import bf16_native, mkl
 from .bf16 import BF16, Engine, choose_engine, widened
 from .compute import HOST, Compute
 from .f32 import Rows, blas_rows, choose_f32_products
@@ -88,6 +88,8 @@ __all__ = [
 ]
 
 MODES = ("float32", "float64", "bfloat16")
+#: a weight packed once at load: by MKL, or for the AVX512-BF16 kernel
+PackedWeight = mkl.Packed | bf16_native.Packed
 _SPLIT: contextvars.ContextVar[RowSplit | None] = contextvars.ContextVar("rows", default=None)
 
 
@@ -167,7 +169,7 @@ def _widening(rows: Rows) -> Rows:
 
 
 def _packed_calls(
-    x: np.ndarray, packed: mkl.Packed, split: RowSplit | None, *, part: bool = False
+    x: np.ndarray, packed: PackedWeight, split: RowSplit | None, *, part: bool = False
 ) -> tuple[np.ndarray, list[Call]]:
     """`_calls` for a packed weight: each call one range of rows (`row_ranges`, under a split)
     by one packed range of columns, the same calls whoever runs them (a short chunk's columns
@@ -176,10 +178,27 @@ def _packed_calls(
     t = x.shape[0]
     y = np.empty((t, packed.n), np.float32)
     rows = row_ranges(t) if split is not None and t >= 2 * MIN_ROWS else [slice(0, t)]
-    cells = [Cell(packed, x[r], j, y[r]) for r in rows for j in range(len(packed.ranges))]
+    cells: list[Any] = [
+        Cell(packed, x[r], j, y[r])
+        if isinstance(packed, mkl.Packed)
+        # another engine's packed weight: calls the spinning helpers decline (they call MKL)
+        else functools.partial(packed.rows, x[r], j, y[r])
+        for r in rows
+        for j in range(len(packed.ranges))
+    ]
     if split is None or (t < 2 * MIN_ROWS and (part or packed.n * packed.k < SMALL_WEIGHT)):
-        return y, [Group(cells)]
+        return y, [Group(cells) if isinstance(packed, mkl.Packed) else _in_turn(cells)]
     return y, list(cells)
+
+
+def _in_turn(calls: list[Call]) -> Call:
+    """The calls one after another, as one call (a short chunk's part, whole, on one thread)."""
+
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run
 
 
 class Dense:
@@ -197,7 +216,7 @@ class Dense:
         split: bool = True,
         engine: Engine | None = None,
         rows: Rows = blas_rows,
-        pack: Callable[[np.ndarray, list[slice]], mkl.Packed] | None = None,
+        pack: Callable[[np.ndarray, list[slice]], PackedWeight] | None = None,
         columns: bool = True,
     ) -> None:
         if weight.dtype == BF16 and engine is None:
@@ -209,7 +228,7 @@ class Dense:
         self.engine = engine if weight.dtype == BF16 else None
         self.split = split
         self.rows = rows  # the float32 products' (and the widening engine's) rows
-        self.packed: mkl.Packed | None = None
+        self.packed: PackedWeight | None = None
         self.weight: np.ndarray | None = weight
         if self.engine is not None and self.engine.packs:
             pack = self.engine.pack
