@@ -10,8 +10,8 @@ on the CPU's bfloat16 instructions where it has them.
 Three engines, one contract (x [T, k] and out [T, n] float32, w `ml_dtypes.bfloat16` [n, k]
 C-contiguous; the products of one input share its `prepare`d form):
 
-- "avx512bf16": linstream's own kernel on the AVX512-BF16 instructions (`bf16_native`,
-  compiled by Numba), each weight packed once at load into its layout (`bf16_native.Packed`,
+- "avx512bf16": linstream's own kernel on the AVX512-BF16 instructions (`avx512`,
+  compiled by Numba), each weight packed once at load into its layout (`avx512.Packed`,
   per column range, as MKL's), x rounded to bfloat16 once per input as for "mkl".  Measured on
   a Zen 4 EPYC (AVX512_BF16, no AMX), one core, a [1024 × 768] by [768 × 2304] product: 213
   GFLOP/s, where NumPy's float32 BLAS ran at 87 and MKL's bfloat16 product at 62-65 (MKL's
@@ -36,7 +36,7 @@ C-contiguous; the products of one input share its `prepare`d form):
   product, 10-25% of a 64-row one here).
 
 `choose_engine()` picks "avx512bf16" where `/proc/cpuinfo` lists avx512_bf16 but not amx_bf16
-(and Numba's LLVM has the instructions: `bf16_native.reason_unavailable`), "mkl" where it lists
+(and Numba's LLVM has the instructions: `avx512.reason_unavailable`), "mkl" where it lists
 amx_bf16 and the library is found (else the kernel), else "widen" (its note says why);
 LINSTREAM_BF16_PRODUCTS=avx512bf16|mkl|mkl-mapped|widen forces one (one that cannot run here:
 BF16Unavailable, one line).  MKL is held at one thread
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from . import bf16_native, mkl
+from . import avx512, mkl
 
 __all__ = ["BF16", "BF16Unavailable", "Engine", "choose_engine", "native_bf16"]
 
@@ -99,10 +99,10 @@ class Engine:
 
         return to_bf16(x)
 
-    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.Packed | bf16_native.Packed:
+    def pack(self, w: np.ndarray, ranges: list[slice]) -> mkl.Packed | avx512.Packed:
         """w [n, k] packed once, per range of its output columns (an engine that `packs`)."""
         if self.name == "avx512bf16":
-            return bf16_native.Packed(w, ranges)
+            return avx512.Packed(w, ranges)
         return mkl.Packed(w, ranges)
 
     def rows(self, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -112,7 +112,7 @@ class Engine:
             _mkl_rows(x, b, out)
         elif self.name == "avx512bf16":  # packed for this one product
             xb = np.asarray(x, dtype=BF16, order="C")
-            bf16_native.Packed(b, [slice(0, b.shape[0])]).rows(xb, 0, out)
+            avx512.Packed(b, [slice(0, b.shape[0])]).rows(xb, 0, out)
         else:
             np.matmul(x, b.T, out=out)
 
@@ -128,7 +128,7 @@ def choose_engine(override: str | None = None) -> Engine:
     if want == "widen":
         return Engine("widen", f"bfloat16 weights widened to float32 per product ({ENV}=widen)")
     if want == "avx512bf16":
-        why = bf16_native.reason_unavailable()
+        why = avx512.reason_unavailable()
         if why is not None:
             msg = f"{ENV}=avx512bf16: {why}"
             raise BF16Unavailable(msg)
@@ -147,7 +147,7 @@ def choose_engine(override: str | None = None) -> Engine:
             "are held in bfloat16 (half the memory) and widened to float32 per product, at about "
             "the float32 mode's speed",
         )
-    kernel = bf16_native.reason_unavailable() is None
+    kernel = avx512.reason_unavailable() is None
     if native != "amx_bf16" and kernel:
         return Engine("avx512bf16", _NATIVE_NOTE, packs=True)
     try:

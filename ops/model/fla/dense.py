@@ -70,7 +70,7 @@ import numpy as np
 import numpy.typing as npt
 from linstream.ops.model.threads import MIN_ROWS, RowSplit, row_ranges
 
-from . import bf16_native, mkl
+from . import avx512, mkl
 from .bf16 import BF16, Engine, choose_engine, widened
 from .compute import HOST, Compute
 from .f32 import Rows, blas_rows, choose_f32_products
@@ -89,7 +89,7 @@ __all__ = [
 
 MODES = ("float32", "float64", "bfloat16")
 #: a weight packed once at load: by MKL, or for the AVX512-BF16 kernel
-PackedWeight = mkl.Packed | bf16_native.Packed
+PackedWeight = mkl.Packed | avx512.Packed
 _SPLIT: contextvars.ContextVar[RowSplit | None] = contextvars.ContextVar("rows", default=None)
 
 

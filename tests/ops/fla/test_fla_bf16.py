@@ -137,9 +137,9 @@ def test_bfloat16_products_do_not_depend_on_the_thread_count(tmp_path, monkeypat
     group's parts each whole; then a 4,400-token chunk: four row ranges), with the weights
     packed (the AVX512-BF16 kernel, Intel's MKL package) or mapped."""
     from linstream.ops.model import blas
-    from linstream.ops.model.fla import bf16_native
+    from linstream.ops.model.fla import avx512
 
-    why = bf16_native.reason_unavailable() if engine == "avx512bf16" else None
+    why = avx512.reason_unavailable() if engine == "avx512bf16" else None
     if why is not None:
         pytest.skip(f"the AVX512-BF16 kernel: {why}")
 
@@ -267,10 +267,10 @@ def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path, store
     MKL wrote 1.75x (float32) and 3.2x (bfloat16) the weights' bytes into its buffers, and
     the runtime's default there is NumPy's BLAS (float32) and the kernel (bfloat16)."""
     if engine == "avx512bf16":
-        from linstream.ops.model.fla import bf16_native
+        from linstream.ops.model.fla import avx512
 
-        if bf16_native.reason_unavailable() is not None:
-            pytest.skip(f"the AVX512-BF16 kernel: {bf16_native.reason_unavailable()}")
+        if avx512.reason_unavailable() is not None:
+            pytest.skip(f"the AVX512-BF16 kernel: {avx512.reason_unavailable()}")
     elif not can_pack(mode):
         pytest.skip(f"MKL cannot pack {mode} weights here (Intel's mkl package is not installed)")
     elif not intel_cpu():
@@ -294,11 +294,13 @@ def test_packed_weights_take_their_bytes_and_release_the_mapping(tmp_path, store
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_bfloat16_mode_holds_half_the_float32_modes_bytes(tmp_path, monkeypatch, packed):
-    """Mapped or packed (Intel's MKL package), the bfloat16 mode holds half the bytes."""
+    """Mapped or packed (Intel's MKL package), the bfloat16 mode holds half the bytes of the
+    float32 mode on the weights as loaded (a packing kernel's panels add their padding)."""
     if packed and not can_pack():
         pytest.skip("MKL cannot pack bfloat16 weights here (Intel's mkl package is not installed)")
     folder = write_folder(tmp_path / "m", TINY_CONFIGS["delta_net"], dtype="BF16")
     monkeypatch.setenv(ENV, "mkl" if packed else mapping_engine())
+    monkeypatch.setenv(F32_ENV, mapping_engine("float32"))
     f32, b16 = load_model(folder), load_model(folder, compute_dtype="bfloat16")
     assert ("packed once at load" in b16.load_report.products) == packed
     small = sum(  # the small tensors (norms, biases, convolutions; not packed bytes)

@@ -26,7 +26,7 @@ import pytest
 from helpers.cli import linstream, one_error_line, write_texts
 from helpers.fla_folders import TINY_CONFIGS, write_folder
 from helpers.streaming import stream_hidden_states
-from linstream.ops.model.fla import ModelFolderError, load_model, mkl
+from linstream.ops.model.fla import ModelFolderError, avx512, load_model, mkl
 from linstream.ops.model.fla.f32 import F32_ENV, choose_f32_products
 
 SEED = 20261205
@@ -66,14 +66,18 @@ def test_one_mkl_product_is_within_the_dot_products_rounding_bound():
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("engine", ["mkl", "mkl-mapped"])
-def test_the_mkl_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkeypatch, engine):
-    """The products run in the runtime's ranges with MKL at one thread: the same bits on 1, 2
-    or 3 threads (a 100-token chunk: its products' columns in ranges; then a 4,400-token chunk:
-    four row ranges), the weights packed or as loaded."""
+@pytest.mark.parametrize("engine", ["avx512", "mkl", "mkl-mapped"])
+def test_the_packing_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkeypatch, engine):
+    """The products run in the runtime's ranges (MKL at one thread): the same bits on 1, 2 or 3
+    threads (a 100-token chunk: its products' columns in ranges; then a 4,400-token chunk: four
+    row ranges), the weights packed (the AVX-512 kernel, MKL) or as loaded."""
     from linstream.ops.model import blas
 
-    _mkl_or_skip()
+    if engine == "avx512":
+        if avx512.reason_unavailable("float32") is not None:
+            pytest.skip(f"the AVX-512 kernel: {avx512.reason_unavailable('float32')}")
+    else:
+        _mkl_or_skip()
     cfg = {**TINY_CONFIGS["gla"], "hidden_size": 128, "num_heads": 2}
     folder = write_folder(tmp_path / "m", cfg, dtype="BF16")
     monkeypatch.setenv(F32_ENV, engine)
@@ -93,10 +97,21 @@ def test_the_mkl_engines_bits_do_not_depend_on_the_thread_count(tmp_path, monkey
 @pytest.mark.parametrize("family", ["gla", "delta_net", "rwkv7", "mamba2"])
 def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeypatch):
     """300 tokens split as a stream (a chunk of two row ranges, short chunks of column ranges):
-    each engine's error against the float64 mode, the MKL engines' (packed weights, and the
-    weights as loaded) within 3× the NumPy engine's (module docstring), and not its bits (MKL
-    really ran)."""
-    _mkl_or_skip()
+    each engine's error against the float64 mode, the AVX-512 kernel's and the MKL engines'
+    (packed weights, and the weights as loaded) within 3× the NumPy engine's (module
+    docstring), and not its bits (the engine really ran)."""
+    lines = {"numpy": "by NumPy's BLAS"}
+    if avx512.reason_unavailable("float32") is None:
+        lines["avx512"] = "by linstream's AVX-512 kernel, the weights packed once at load"
+    try:
+        mkl.library()
+    except mkl.MKLUnavailable:
+        pass
+    else:
+        packed = "the weights packed once at load" if mkl.can_pack(np.float32) else "as loaded"
+        lines.update({"mkl": packed, "mkl-mapped": "by MKL's SGEMM on the weights as loaded"})
+    if len(lines) == 1:
+        pytest.skip("neither MKL nor the AVX-512 kernel here: NumPy's BLAS is the one engine")
     if family not in TINY_CONFIGS:
         pytest.skip(f"no tiny {family} config")
     folder = write_folder(tmp_path / family, TINY_CONFIGS[family], seed=5)
@@ -104,11 +119,6 @@ def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeyp
     bounds = [0, 1, 60, 360, 400]
     exact, _ = stream_hidden_states(load_model(folder, compute_dtype="float64"), ids, bounds)
     got = {}
-    lines = {
-        "numpy": "by NumPy's BLAS",
-        "mkl": "the weights packed once at load" if mkl.can_pack(np.float32) else "as loaded",
-        "mkl-mapped": "by MKL's SGEMM on the weights as loaded",
-    }
     for engine, line in lines.items():
         monkeypatch.setenv(F32_ENV, engine)
         model = load_model(folder)
@@ -120,19 +130,21 @@ def test_both_float32_engines_compute_the_same_forward(tmp_path, family, monkeyp
 
     err = {e: rms(np.concatenate(h) - np.concatenate(exact)) for e, h in got.items()}
     print(family, err)
-    for engine in ("mkl", "mkl-mapped"):
+    for engine in set(lines) - {"numpy"}:
         assert 0 < err[engine] <= 3 * err["numpy"]
         assert not all(np.array_equal(a, b) for a, b in zip(got[engine], got["numpy"], strict=True))
 
 
 def test_the_engine_is_chosen_by_the_cpu_and_the_variable(tmp_path, monkeypatch):
-    """auto: MKL on an Intel CPU only (where the library is found); numpy always NumPy's;
+    """auto: MKL on an Intel CPU only (where the library is found), the AVX-512 kernel on
+    another with AVX-512; numpy always NumPy's;
     the load's line says which ran; an unknown value is one line, in Python and on the
     command line (exit 2, no traceback)."""
     amd, intel = tmp_path / "amd", tmp_path / "intel"
     amd.write_text("processor : 0\nvendor_id : AuthenticAMD\nflags : fpu avx2\n")
     intel.write_text("processor : 0\nvendor_id : GenuineIntel\nflags : fpu avx512f\n")
-    assert choose_f32_products("auto", str(amd)).name == "numpy"
+    kernel = avx512.reason_unavailable("float32") is None  # this host's AVX-512
+    assert choose_f32_products("auto", str(amd)).name == ("avx512" if kernel else "numpy")
     assert choose_f32_products("numpy", str(intel)).name == "numpy"
     try:
         mkl.library()
@@ -154,7 +166,7 @@ def test_the_engine_is_chosen_by_the_cpu_and_the_variable(tmp_path, monkeypatch)
         load_model(folder)
     msg = str(info.value)
     assert "\n" not in msg
-    assert f"{F32_ENV}='fast': expected one of auto, mkl, mkl-mapped, numpy" in msg
+    assert f"{F32_ENV}='fast': expected one of auto, avx512, mkl, mkl-mapped, numpy" in msg
     monkeypatch.delenv(F32_ENV)
     texts = write_texts(tmp_path / "texts", {"a.txt": "hello"})
     done = linstream(
