@@ -24,10 +24,11 @@ quiet one):
 - the roof: every product of one large chunk is recorded (its rows, in, out: the model's own
   shapes); each round times each distinct shape's float32 GEMMs once after a warm call (NumPy's
   BLAS at 2 threads and at 1; MKL's SGEMM at 1, at 2 of its own threads where its library has
-  them, as two threads of half the rows each, and the same on the weight packed once) and takes
-  the fastest: the time the products alone would take at the GEMM's rate in that round;
-  roof = their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the
-  rounds' tokens/s; share = achieved / roof (the bfloat16 mode against the same float32 roof).
+  them, as two threads of half the rows each, and the same on the weight packed once; linstream's
+  AVX-512 kernel on the packed weight, at 1 and as two half-row threads) and takes the
+  fastest: the time the products alone would take at the GEMM's rate in that round; roof =
+  their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the rounds'
+  tokens/s; share = achieved / roof (the bfloat16 mode against the same float32 roof).
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
   and activations, layout copies, other); a line under the table gives, per family, the float32
   products' rate against the roof: the share over the products' part of the time (the share is
@@ -154,9 +155,11 @@ def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, li
     GEMMs that form it (operands made once): NumPy's BLAS at 2 threads and at 1; where MKL is
     found, MKL's SGEMM at 1 thread, at 2 of its own where its library runs them (PyTorch's
     copy), as two threads each running half the rows (the runtime's row ranges), and the same
-    two on the weight packed once where MKL packs (the float32 mode's own products).  Each GEMM
+    two on the weight packed once where MKL packs; where the CPU has AVX-512, linstream's
+    float32 kernel on the weight packed once, at 1 thread and as two threads of half the rows
+    (the float32 mode's own products, by CPU).  Each GEMM
     is (threads for BLAS, the call)."""
-    from linstream.ops.model.fla import mkl
+    from linstream.ops.model.fla import avx512, mkl
     from linstream.ops.model.threads import row_split
 
     try:
@@ -183,6 +186,11 @@ def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, li
                 gemms.append((1, functools.partial(packed.rows, x, 0, out)))
                 rows = functools.partial(_rows_of, functools.partial(packed.rows, j=0), x, out)
                 gemms.append((1, functools.partial(halves, rows, t)))
+        if avx512.reason_unavailable("float32") is None:  # linstream's kernel, packed once
+            kernel = avx512.Packed(w, [slice(0, n)])
+            gemms.append((1, functools.partial(kernel.rows, x, 0, out)))
+            rows = functools.partial(_rows_of, functools.partial(kernel.rows, j=0), x, out)
+            gemms.append((1, functools.partial(halves, rows, t)))
         out_list.append((2.0 * t * k * n, count, gemms))
     return out_list
 
@@ -711,9 +719,9 @@ def test_bench_embed_against_the_loop(tmp_path):
 def test_bench_mapped_load(tmp_path):
     """A ~1.3B folder (2.6 GB of bfloat16; writing it holds ~6 GiB of float32 in this process
     for a minute) loaded in the bfloat16 mode in a fresh process, its weights mapped
-    (`mkl-mapped`) and packed by MKL (`auto`, where Intel's MKL package is installed): the
-    time (the file just written: from the page cache) and the memory against the weights as
-    held."""
+    (`mkl-mapped`) and as `auto` holds them (packed: by the AVX512-BF16 kernel on a CPU
+    without AMX, by MKL where Intel's MKL package is installed on one with it): the time (the
+    file just written: from the page cache) and the memory against the weights as held."""
     from helpers.fla_folders import write_folder
 
     folder = write_folder(tmp_path / "big", BIG, dtype="BF16", seed=SEED, shards=4)

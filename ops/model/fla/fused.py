@@ -208,18 +208,39 @@ def _head_norm_kernel(parallel: bool) -> Any:
     return run
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
+#: write_heads' flags: FASTMATH without reassociation, so that its sums have one order wherever
+#: it is called from (with reassoc, LLVM's vectorizer chose the sum of squares' order per caller:
+#: `fused_heads.conv_heads` and `l2_heads` differed in the last bits on a Zen 4)
+_ORDERED = FASTMATH - {"reassoc"}
+
+
+@njit(nogil=True, fastmath=_ORDERED, error_model="numpy")
 def write_heads(row, t, l2, eps, scale, out):  # pragma: no cover - compiled
-    """row [H·d] into out[:, t] (head-major), each head L2-normalized times scale if l2."""
+    """row [H·d] into out[:, t] (head-major), each head L2-normalized times scale if l2 (its
+    sum of squares in eight running sums, j mod 8, added pairwise: one order, any caller)."""
     one = row.dtype.type(1)
+    zero = row.dtype.type(0)
     d = out.shape[2]
     for h in range(out.shape[0]):
         src = row[h * d : (h + 1) * d]
         dst = out[h, t]
         if l2:
-            ss = row.dtype.type(0)
-            for j in range(d):
-                ss += src[j] * src[j]
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
+            j = 0
+            while j + 8 <= d:
+                s0 += src[j] * src[j]
+                s1 += src[j + 1] * src[j + 1]
+                s2 += src[j + 2] * src[j + 2]
+                s3 += src[j + 3] * src[j + 3]
+                s4 += src[j + 4] * src[j + 4]
+                s5 += src[j + 5] * src[j + 5]
+                s6 += src[j + 6] * src[j + 6]
+                s7 += src[j + 7] * src[j + 7]
+                j += 8
+            while j < d:
+                s0 += src[j] * src[j]
+                j += 1
+            ss = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
             r = one / math.sqrt(ss + eps)
             for j in range(d):
                 dst[j] = src[j] * r * scale
