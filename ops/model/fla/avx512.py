@@ -18,18 +18,18 @@ on the ranges or the threads.
 The layout: a column range's weight is cut into panels of NR = 48 columns (the last one of its
 columns rounded up to 16, padded with zeros) and each panel stored as [k/2, 48] pairs (bfloat16)
 or [k, 48] values (float32), so that one step of the dot product reads 48 columns as three
-512-bit vectors; an input row's pair (or value) is one 32-bit value, broadcast.  The tile
-(`_tile`) keeps MR × 3 = 24 accumulators in registers over the whole k (8 rows by 48 columns; a
-block's last rows in tiles of 4, 2 and 1, a range's last panel in 1 or 2 vectors: the padding is
-under 16 columns a range), reads the panel from L2 and the rows from L1, and stores once.  The
-rows go in blocks of ROW_BLOCK (their input stays in L2 while every panel passes).  Measured on
-one core of a Zen 4 EPYC (AVX512-BF16, no AMX), a [1024 × 768] by [768 × 2304] product: the
-bfloat16 tile 211 GFLOP/s, where NumPy's float32 BLAS ran at 87, MKL's bfloat16 product (Intel's
-package) at 62-65 and PyTorch's (oneDNN) at ~90; a packed weight saves a BLAS its per-call copy of
-the weight, which at 64 rows is a large part of the product (float32 tile against OpenBLAS,
-loaded machine: 1.8x at 64 rows, 1.2x at 1,024).
+512-bit vectors; an input row's pair (or value) is one 32-bit value, broadcast. The tile
+(`avx512_tiles`) keeps 8 × 3 = 24 accumulators in registers over the whole k (8 rows by 48
+columns; a block's last rows in tiles of 4, 2 and 1, a range's last panel in 1 or 2 vectors: the
+padding is under 16 columns a range), reads the panel from L2 and the rows from L1, and stores
+once. The rows go in blocks of `avx512_tiles.ROW_BLOCK` (their input stays in L2 while every
+panel passes). Measured on one core of a Zen 4 EPYC (AVX512-BF16, no AMX), a [1024 × 768] by
+[768 × 2304] product: the bfloat16 tile 211 GFLOP/s, where NumPy's float32 BLAS ran at 87, MKL's
+bfloat16 product (Intel's package) at 62-65 and PyTorch's (oneDNN) at ~90; a packed weight saves
+a BLAS its per-call copy of the weight, which at 64 rows is a large part of the product (float32
+tile against OpenBLAS, loaded machine: 1.8x at 64 rows, 1.2x at 1,024).
 
-The tile is LLVM IR written here (`numba.extending.intrinsic`: the x86 intrinsic
+The tile is LLVM IR written in `avx512_tiles` (`numba.extending.intrinsic`: the x86 intrinsic
 llvm.x86.avx512bf16.dpbf16ps.512, declared on 32-bit integer vectors, or llvm.fma.v16f32),
 compiled by Numba for the host CPU; `reason_unavailable` says why it cannot run where the CPU or
 the LLVM lacks the instructions.
@@ -39,29 +39,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import ml_dtypes
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-__all__ = ["MR", "NR", "Packed", "reason_unavailable"]
+__all__ = ["NR", "Packed", "reason_unavailable"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-MR = 8  # rows of a tile
 VECTORS = 3  # 512-bit vectors of 16 float32 columns in a tile
 NR = 16 * VECTORS  # columns of a tile (of a panel)
-ROW_BLOCK = 128  # rows whose input stays in L2 while every panel passes
-
-_F32 = ir.FloatType()
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
-_V16F = ir.VectorType(_F32, 16)
-_V16I = ir.VectorType(_I32, 16)
-
 
 _FEATURES = {"bfloat16": ("avx512bf16", "AVX512-BF16"), "float32": ("avx512f", "AVX-512")}
 
@@ -70,9 +56,12 @@ _FEATURES = {"bfloat16": ("avx512bf16", "AVX512-BF16"), "float32": ("avx512f", "
 def reason_unavailable(dtype: str = "bfloat16") -> str | None:
     """None where the kernel of `dtype` ("bfloat16" or "float32") can run here (the CPU's
     features, as Numba's LLVM reads them, include its instructions); else why not, in one line."""
-    import llvmlite.binding as llvm
-
     feature, name = _FEATURES[dtype]
+    try:
+        import llvmlite.binding as llvm
+    except ImportError as ex:  # the device path runs without Numba
+        return f"Numba is not installed ({ex})"
+
     try:
         features = llvm.get_host_cpu_features()
     except RuntimeError as ex:  # no host feature list from LLVM
@@ -80,143 +69,6 @@ def reason_unavailable(dtype: str = "bfloat16") -> str | None:
     if not features.get(feature, False):
         return f"this CPU has no {name} instructions (as Numba's LLVM reads its features)"
     return None
-
-
-def _index(i: int) -> ir.Constant:
-    return ir.Constant(_I64, i)
-
-
-def _tile_intrinsic(mr: int, vectors: int, bf16: bool) -> Any:
-    """The tile of mr rows by `vectors` × 16 columns as an intrinsic: (a, lda, b, c, ldc, steps)
-    with a the rows' steps (bfloat16 pairs as uint32, or float32 values) [≥ mr, ≥ steps] (row
-    stride lda), b a panel [steps, vectors × 16] of the same, c float32 (row stride ldc; the
-    tile's columns written from its first element)."""
-
-    @intrinsic
-    def tile(typingctx, a, lda, b, c, ldc, pairs):
-        sig = types.void(a, lda, b, c, ldc, pairs)
-
-        def codegen(context, builder, signature, args):
-            a_arr, lda_v, b_arr, c_arr, ldc_v, pairs_v = args
-            arr_a = context.make_array(signature.args[0])(context, builder, a_arr)
-            arr_b = context.make_array(signature.args[2])(context, builder, b_arr)
-            arr_c = context.make_array(signature.args[3])(context, builder, c_arr)
-            vec = _V16I if bf16 else _V16F
-            fnty = ir.FunctionType(_V16F, [_V16F, vec, vec] if bf16 else [vec, vec, _V16F])
-            name = "llvm.x86.avx512bf16.dpbf16ps.512" if bf16 else "llvm.fma.v16f32"
-            dot = cgutils.get_or_insert_function(builder.module, fnty, name)
-            a_ptr = arr_a.data
-            b_ptr = builder.bitcast(arr_b.data, vec.as_pointer())
-            c_ptr = arr_c.data
-            lda64 = builder.sext(lda_v, _I64) if lda_v.type.width < 64 else lda_v
-            ldc64 = builder.sext(ldc_v, _I64) if ldc_v.type.width < 64 else ldc_v
-            n = builder.sext(pairs_v, _I64) if pairs_v.type.width < 64 else pairs_v
-            zero = ir.Constant(_V16F, [0.0] * 16)
-            acc = [
-                [cgutils.alloca_once_value(builder, zero) for _ in range(vectors)]
-                for _ in range(mr)
-            ]
-            undef = ir.Constant(vec, None)
-            spread = ir.Constant(_V16I, [0] * 16)
-            with cgutils.for_range(builder, n) as loop:
-                p = loop.index
-                base = builder.mul(p, _index(vectors))
-                at_b = [builder.add(base, _index(j)) for j in range(vectors)]
-                bv = [builder.load(builder.gep(b_ptr, [at]), align=4) for at in at_b]
-                for i in range(mr):
-                    at = builder.add(builder.mul(_index(i), lda64), p)
-                    pair = builder.load(builder.gep(a_ptr, [at]), align=4)
-                    wide = builder.insert_element(undef, pair, ir.Constant(_I32, 0))
-                    wide = builder.shuffle_vector(wide, undef, spread)
-                    for j in range(vectors):
-                        s = builder.load(acc[i][j])
-                        total = builder.call(dot, [s, wide, bv[j]] if bf16 else [wide, bv[j], s])
-                        builder.store(total, acc[i][j])
-            for i in range(mr):
-                for j in range(vectors):
-                    at = builder.add(builder.mul(_index(i), ldc64), _index(16 * j))
-                    ptr = builder.bitcast(builder.gep(c_ptr, [at]), _V16F.as_pointer())
-                    builder.store(builder.load(acc[i][j]), ptr, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
-
-
-def _dispatch(bf16: bool) -> Any:
-    """The tile of (mr, vectors) for mr 8, 4, 2 or 1 (a block's last rows in at most three
-    tiles) and 3, 2 or 1 vectors (a range's last panel as narrow as its columns allow)."""
-    t83, t43, t23, t13 = (_tile_intrinsic(mr, 3, bf16) for mr in (8, 4, 2, 1))
-    t82, t42, t22, t12 = (_tile_intrinsic(mr, 2, bf16) for mr in (8, 4, 2, 1))
-    t81, t41, t21, t11 = (_tile_intrinsic(mr, 1, bf16) for mr in (8, 4, 2, 1))
-
-    @njit(nogil=True)
-    def tile(a, lda, b, c, ldc, steps, mr, vectors):  # pragma: no cover
-        if vectors == 3:
-            if mr == 8:
-                t83(a, lda, b, c, ldc, steps)
-            elif mr == 4:
-                t43(a, lda, b, c, ldc, steps)
-            elif mr == 2:
-                t23(a, lda, b, c, ldc, steps)
-            else:
-                t13(a, lda, b, c, ldc, steps)
-        elif vectors == 2:
-            if mr == 8:
-                t82(a, lda, b, c, ldc, steps)
-            elif mr == 4:
-                t42(a, lda, b, c, ldc, steps)
-            elif mr == 2:
-                t22(a, lda, b, c, ldc, steps)
-            else:
-                t12(a, lda, b, c, ldc, steps)
-        elif mr == 8:
-            t81(a, lda, b, c, ldc, steps)
-        elif mr == 4:
-            t41(a, lda, b, c, ldc, steps)
-        elif mr == 2:
-            t21(a, lda, b, c, ldc, steps)
-        else:
-            t11(a, lda, b, c, ldc, steps)
-
-    return tile
-
-
-def _product_kernel(bf16: bool) -> Any:
-    tile = _dispatch(bf16)
-
-    def product(a, panels, out, first, cols):  # pragma: no cover
-        """out[:, first:first + cols] = the product of a's rows ([m, steps]) by the panels
-        (`_panels`: [steps, NR] each, the last [steps, 16 × its vectors], one flat array)."""
-        m, steps = a.shape
-        lda = a.strides[0] // 4
-        ldc = out.strides[0] // 4
-        scratch = np.empty((MR, NR), np.float32)
-        for r0 in range(0, m, ROW_BLOCK):
-            r1 = min(r0 + ROW_BLOCK, m)
-            for c0 in range(0, cols, NR):
-                width = min(NR, cols - c0)
-                vectors = (width + 15) // 16
-                panel = panels[c0 * steps : (c0 + 16 * vectors) * steps]
-                r = r0
-                while r < r1:
-                    mr = 8 if r1 - r >= 8 else (4 if r1 - r >= 4 else (2 if r1 - r >= 2 else 1))
-                    if width == 16 * vectors:
-                        tile(a[r:], lda, panel, out[r:, first + c0 :], ldc, steps, mr, vectors)
-                    else:  # the columns past the range's end go to the scratch tile
-                        tile(a[r:], lda, panel, scratch, NR, steps, mr, vectors)
-                        for i in range(mr):
-                            for j in range(width):
-                                out[r + i, first + c0 + j] = scratch[i, j]
-                    r += mr
-
-    # one cache entry per variant (Numba's cache keys a function by its module, name and line)
-    product.__qualname__ = f"{product.__qualname__}.{'bfloat16' if bf16 else 'float32'}"
-    return njit(nogil=True, cache=True)(product)
-
-
-_PRODUCT = {"bfloat16": _product_kernel(True), "float32": _product_kernel(False)}
 
 
 def _panels(w: np.ndarray) -> np.ndarray:
@@ -294,4 +146,6 @@ class Packed:
             padded[:, :k] = x
             x = padded
         a = x.view(np.uint16).view(np.uint32) if bf16 else x
-        _PRODUCT[name](a, self._panels[j], out, c.start, cols)
+        from .avx512_tiles import product  # Numba, on the host only
+
+        product(a, self._panels[j], out, c.start, cols, NR)
