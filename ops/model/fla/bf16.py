@@ -90,10 +90,16 @@ class Engine:
     #: the weights are packed once, at load ("mkl" with Intel's package)
     packs: bool = False
 
+    @property
+    def rounds(self) -> bool:
+        """Whether the products take their input rounded to bfloat16 (`prepare`): a pass that
+        writes a product's input may write it so (`block.StandardBlock`'s MLP)."""
+        return self.name != "widen"
+
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """What a product multiplies: x rounded to bfloat16 (avx512bf16, mkl; an x already in
         bfloat16 as it is), or x itself (widen)."""
-        if self.name == "widen" or x.dtype == BF16:
+        if not self.rounds or x.dtype == BF16:
             return x
         from .bf16_round import to_bf16  # Numba, on the host only
 

@@ -21,25 +21,47 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from linstream.ops.numba_tools import njit_variant, worth_threads
-from numba import prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
-__all__ = ["to_bf16"]
+__all__ = ["bf16_bits", "to_bf16"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)  # as `bf16.BF16` (which imports this module lazily)
 _WORK_PER_VALUE = 4  # a parallel region from 2^16 values (the rounding is a few integer ops)
 
 
+def _bits_typer(typingctx: Any, v: Any) -> Any:
+    """A float32's bits as a uint32 (a bitcast, which vectorizes)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(v), codegen
+
+
+_bits: Any = intrinsic(_bits_typer)  # Any to mypy: typingctx is implicit in a call
+
+
+@njit(nogil=True, inline="always")
+def bf16_bits(v: Any) -> Any:  # pragma: no cover - compiled
+    """A float32 value rounded to bfloat16 (to nearest, ties to even; a NaN quiet), as the
+    uint16 of its bits: the one rounding of every pass that writes bfloat16."""
+    b = _bits(v)
+    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: quiet, no carry
+        return np.uint16((b >> np.uint32(16)) | np.uint32(0x40))
+    up = np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
+    return np.uint16((b + up) >> np.uint32(16))
+
+
 def _round_kernel(parallel: bool) -> Any:
     @njit_variant(parallel, nogil=True)
-    def run(u, out):  # pragma: no cover - compiled
-        for i in prange(u.shape[0]):
-            for j in range(u.shape[1]):
-                b = np.uint32(u[i, j])
-                if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: quiet, no carry
-                    out[i, j] = np.uint16((b >> np.uint32(16)) | np.uint32(0x40))
-                else:
-                    up = np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
-                    out[i, j] = np.uint16((b + up) >> np.uint32(16))
+    def run(x, out):  # pragma: no cover - compiled
+        for i in prange(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[i, j] = bf16_bits(x[i, j])
 
     return run
 
@@ -55,5 +77,5 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     u = x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(1, -1)
     out = np.empty(u.shape, np.uint16)
-    _ROUND[worth_threads(u.size * _WORK_PER_VALUE)](u.view(np.uint32), out)
+    _ROUND[worth_threads(u.size * _WORK_PER_VALUE)](u, out)
     return out.view(BF16).reshape(x.shape)

@@ -112,8 +112,10 @@ class Compute:
     def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
         return pieces.rms_norm(x, w, eps, xp=self._xp)
 
-    def add_rms_norm(self, x: Any, a: Any, w: Any, eps: float) -> tuple[Any, Any]:
-        return pieces.add_rms_norm(x, a, w, eps, xp=self._xp)
+    def add_rms_norm(
+        self, x: Any, a: Any, w: Any, eps: float, rounded: bool = False
+    ) -> tuple[Any, Any]:
+        return pieces.add_rms_norm(x, a, w, eps, xp=self._xp, rounded=rounded)
 
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         return pieces.layer_norm(x, w, b, eps, xp=self._xp)
@@ -121,8 +123,8 @@ class Compute:
     def head_norm(self, o: Any, w: Any, eps: float, gate: Any = None, act: str = "swish") -> Any:
         return pieces.head_norm(o, w, eps, gate, act, xp=self._xp)
 
-    def swiglu(self, gate: Any, up: Any) -> Any:
-        return pieces.swiglu(gate, up, xp=self._xp)
+    def swiglu(self, gate: Any, up: Any, rounded: bool = False) -> Any:
+        return pieces.swiglu(gate, up, xp=self._xp, rounded=rounded)
 
     def silu(self, x: Any) -> Any:
         return pieces.silu(x, xp=self._xp)

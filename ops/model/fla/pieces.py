@@ -184,12 +184,20 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float, *, xp: Any = None)
 
 
 def add_rms_norm(
-    x: np.ndarray, a: np.ndarray, w: np.ndarray | None, eps: float, *, xp: Any = None
+    x: np.ndarray,
+    a: np.ndarray,
+    w: np.ndarray | None,
+    eps: float,
+    *,
+    xp: Any = None,
+    rounded: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(h = x + a, rms_norm(h, w, eps)) for [T, D] arrays of one dtype: a block's residual and
-    its next norm (one fused pass, `fused.add_rms_norm`, for float32/float64 on the host)."""
+    its next norm (one fused pass, `fused.add_rms_norm`, for float32/float64 on the host;
+    rounded: the norm may come rounded to bfloat16 where that pass writes it so, for the
+    bfloat16 products, which round their input as it would)."""
     if xp is None and _fusable(x, 2) and a.dtype == x.dtype and a.shape == x.shape:
-        return _fused().add_rms_norm(x, a, w, eps)
+        return _fused().add_rms_norm(x, a, w, eps, rounded)
     h = x + a
     return h, rms_norm(h, w, eps, xp=xp)
 
@@ -233,12 +241,15 @@ def head_norm(
     return y if xp is None else xp.ascontiguousarray(y)
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray, *, xp: Any = None) -> np.ndarray:
+def swiglu(
+    gate: np.ndarray, up: np.ndarray, *, xp: Any = None, rounded: bool = False
+) -> np.ndarray:
     """silu(gate) · up for [T, D] arrays (fla's GatedMLP with hidden_act 'swish'), one fused
-    pass (`fused.swiglu`) on the host."""
+    pass (`fused.swiglu`) on the host (rounded: written rounded to bfloat16 there, as
+    `add_rms_norm`'s)."""
     if xp is not None:
         return silu(gate, xp=xp) * up
-    return _fused().swiglu(gate, up)
+    return _fused().swiglu(gate, up, rounded)
 
 
 def short_conv(

@@ -241,3 +241,70 @@ def test_every_float32_product_gets_a_contiguous_float32_input(tmp_path, family,
     ids = np.random.default_rng(SEED).integers(0, cfg["vocab_size"], 300)
     model.embed_chunk(ids, None)
     assert seen and all(s == ("float32", True) for s in seen), seen
+
+
+def test_the_rounded_passes_write_the_float32_pass_rounded_to_bfloat16():
+    """`add_rms_norm` and `swiglu` with rounded=True (the bfloat16 mode's MLP inputs) write
+    bfloat16: the float32 pass's value rounded to nearest, so within half a bfloat16 step
+    (2⁻⁸ relative: 8 significant bits) of the float32 pass's output, plus the float32
+    rounding by which the two passes' value may differ (reassociated: the norm's sum of d
+    squares, 2·d·u; the SwiGLU's four operations, 8·u; u = 2⁻²⁴)."""
+    from linstream.ops.model.fla.bf16 import BF16
+
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    t, d, eps, u = 300, 96, 1e-5, 2.0**-24
+    x, a = (rng.standard_normal((t, d), dtype=np.float32) for _ in range(2))
+    w = rng.standard_normal(d, dtype=np.float32)
+    h, want = fused.add_rms_norm(x, a, w, eps)
+    h2, got = fused.add_rms_norm(x, a, w, eps, rounded=True)
+    assert got.dtype == BF16 and h2.dtype == np.float32
+    np.testing.assert_array_equal(h2, h)
+    bound = (2.0**-8 + 2 * d * u) * np.abs(want)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+    g, up = (rng.standard_normal((t, 2 * d), dtype=np.float32) for _ in range(2))
+    want = fused.swiglu(g, up)
+    got = fused.swiglu(g, up, rounded=True)
+    assert got.dtype == BF16
+    assert np.all(np.abs(got.astype(np.float64) - want) <= (2.0**-8 + 8 * u) * np.abs(want))
+
+
+@pytest.mark.parametrize(("engine", "rounded"), [("widen", False), ("rounding", True)])
+def test_the_bfloat16_mlp_gets_its_inputs_rounded_by_the_pass_before_it(
+    tmp_path, monkeypatch, engine, rounded
+):
+    """In the bfloat16 mode on an engine that rounds its inputs (the AVX512-BF16 kernel, MKL),
+    the MLP's two products get bfloat16 inputs from the norm and the SwiGLU passes (no rounding
+    pass of their own); on the widening engine, float32 ones."""
+    from linstream.ops.model.fla import avx512
+    from linstream.ops.model.fla.bf16 import ENV
+
+    if engine == "rounding":
+        if avx512.reason_unavailable() is None:
+            engine = "avx512bf16"
+        else:
+            pytest.importorskip("mkl", reason="no bfloat16 engine that rounds its inputs here")
+            engine = "mkl-mapped"
+    monkeypatch.setenv(ENV, engine)
+    folder = write_folder(tmp_path / "m", TINY_CONFIGS["gla"], dtype="BF16", seed=SEED)
+    model = load_model(folder, compute_dtype="bfloat16")
+    seen: list[str] = []
+    call = dense.Dense.__call__
+
+    def recorded(self, x):
+        seen.append(x.dtype.name)
+        return call(self, x)
+
+    monkeypatch.setattr(dense.Dense, "__call__", recorded)
+    fused_call = dense.FusedProjection.__call__
+
+    def recorded_fused(self, x):
+        seen.append(x.dtype.name)
+        return fused_call(self, x)
+
+    monkeypatch.setattr(dense.FusedProjection, "__call__", recorded_fused)
+    model.embed_chunk(np.arange(300) % 50, None)
+    layers = len(model._blocks)
+    # per layer: the mixer's products (float32 input), gate_up and down (the MLP's)
+    mlp = [name for i, name in enumerate(seen) if name == "bfloat16"]
+    assert len(mlp) == (2 * layers if rounded else 0), seen
