@@ -74,22 +74,22 @@ def reason_unavailable(dtype: str = "bfloat16") -> str | None:
 def _panels(w: np.ndarray) -> np.ndarray:
     """w [n, k] as panels of NR columns, each [steps, NR] (steps by columns: bfloat16 pairs as
     uint32, or float32 values), the last one [steps, its columns rounded up to 16], one after
-    another in one flat array (a bfloat16 k and the last columns padded with zeros)."""
+    another in one flat array (a bfloat16 k and the last columns padded with zeros).  Each panel
+    is copied straight from w (a padded copy of w first only where n is not a multiple of 16 or
+    a bfloat16 k is odd): a load holds the panels and the mapped weight, nothing more."""
     n, k = w.shape
     bf16 = w.dtype == BF16
     steps = -(-k // 2) if bf16 else k
     wide = -(-n // 16) * 16
-    if bf16:
-        u = np.zeros((wide, 2 * steps), np.uint16)
-        u[:n, :k] = w.view(np.uint16)
-        v = u.view(np.uint32)  # [wide, steps] pairs
-    else:
-        v = np.zeros((wide, k), np.float32)
-        v[:n] = w
-    out = np.empty(wide * steps, v.dtype)
+    if wide != n or (bf16 and k % 2):
+        padded = np.zeros((wide, 2 * steps if bf16 else k), w.dtype)
+        padded[:n, :k] = w
+        w = padded
+    v = np.ascontiguousarray(w).view(np.uint16).view(np.uint32) if bf16 else w  # [wide, steps]
+    out = np.empty(wide * steps, np.uint32 if bf16 else np.float32)
     for c0 in range(0, wide, NR):
         c1 = min(c0 + NR, wide)
-        out[c0 * steps : c1 * steps] = v[c0:c1].T.reshape(-1)
+        out[c0 * steps : c1 * steps].reshape(steps, c1 - c0)[...] = v[c0:c1].T
     return out
 
 

@@ -184,6 +184,9 @@ _MEMORY_SCRIPT = textwrap.dedent(
             mkl.Packed(w, [slice(0, 64)]).rows(w, 0, np.empty((64, 64), np.float32))
     except mkl.MKLUnavailable:
         pass
+    from linstream.ops.model.fla import avx512
+    for kind in ("bfloat16", "float32"):  # LLVM's library, which tells the CPU's features
+        avx512.reason_unavailable(kind)
 
     def status(key):  # /proc/self/status's line, in bytes
         for line in open("/proc/self/status"):
