@@ -23,11 +23,12 @@ or [k, 48] values (float32), so that one step of the dot product reads 48 column
 columns; a block's last rows in tiles of 4, 2 and 1, a range's last panel in 1 or 2 vectors: the
 padding is under 16 columns a range), reads the panel from L2 and the rows from L1, and stores
 once. The rows go in blocks of `avx512_tiles.ROW_BLOCK` (their input stays in L2 while every
-panel passes). Measured on one core of a Zen 4 EPYC (AVX512-BF16, no AMX), a [1024 × 768] by
-[768 × 2304] product: the bfloat16 tile 211 GFLOP/s, where NumPy's float32 BLAS ran at 87, MKL's
-bfloat16 product (Intel's package) at 62-65 and PyTorch's (oneDNN) at ~90; a packed weight saves
-a BLAS its per-call copy of the weight, which at 64 rows is a large part of the product (float32
-tile against OpenBLAS, loaded machine: 1.8x at 64 rows, 1.2x at 1,024).
+panel passes). Measured on one core of a Zen 4 EPYC (AVX512-BF16, no AMX), the ~110M models'
+shapes at 1,024 and 64 rows (tests/bench/test_bench_avx512.py): the bfloat16 tile 205-218
+GFLOP/s, the float32 tile 108-112, where NumPy's float32 BLAS ran at 100-103 at 1,024 rows and
+69-73 at 64 (a BLAS copies the weight into its layout at every call; these weights are packed
+once), MKL's packed bfloat16 product at 62-93 and PyTorch's bfloat16 matmul (oneDNN, a bfloat16
+output) at 176-212.
 
 The tile is LLVM IR written in `avx512_tiles` (`numba.extending.intrinsic`: the x86 intrinsic
 llvm.x86.avx512bf16.dpbf16ps.512, declared on 32-bit integer vectors, or llvm.fma.v16f32),

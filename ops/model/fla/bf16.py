@@ -13,10 +13,10 @@ C-contiguous; the products of one input share its `prepare`d form):
 - "avx512bf16": linstream's own kernel on the AVX512-BF16 instructions (`avx512`,
   compiled by Numba), each weight packed once at load into its layout (`avx512.Packed`,
   per column range, as MKL's), x rounded to bfloat16 once per input as for "mkl".  Measured on
-  a Zen 4 EPYC (AVX512_BF16, no AMX), one core, a [1024 × 768] by [768 × 2304] product: 213
-  GFLOP/s, where NumPy's float32 BLAS ran at 87 and MKL's bfloat16 product at 62-65 (MKL's
-  fast paths are Intel's).  A short chunk's products on it go to the pool's threads, not to
-  `packed_batch`'s spinning helpers (they call MKL).
+  a Zen 4 EPYC (AVX512_BF16, no AMX), one core, a [1024 × 768] by [768 × 2304] product: 209
+  GFLOP/s, where NumPy's float32 BLAS ran at 103 and MKL's packed bfloat16 product at 88
+  (tests/bench/test_bench_avx512.py).  A short chunk's products on it go to the pool's
+  threads, not to `packed_batch`'s spinning helpers (they call MKL).
 
 - "mkl": MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 accumulation and output),
   from Intel's `mkl` package, else the copy PyTorch's CPU library carries (`mkl`: loaded with

@@ -82,11 +82,12 @@ def choose_f32_products(
     NumPy's OpenBLAS there, 1.02-1.04× at 2,048), its weights packed once at load where the
     library packs (both MKLs do: 64-row products another 1.2-1.4×); on another CPU with
     AVX-512, linstream's kernel (`avx512`, its weights packed once at load: on a Zen 4 EPYC
-    GLA ~110M ran 1.1× NumPy's OpenBLAS at 2,048-token chunks and 1.5-1.8× at 64); else NumPy's
-    BLAS.  `override` (default: the LINSTREAM_F32_PRODUCTS variable) is one of auto, avx512,
-    mkl, mkl-mapped (MKL on the weights as loaded), numpy (one that cannot run here:
+    GLA and DeltaNet ~110M ran 1.09-1.14× NumPy's OpenBLAS at 2,048-token chunks and 1.4-1.8× at
+    64); else NumPy's BLAS.  `override` (default: the LINSTREAM_F32_PRODUCTS variable) is one of
+    auto, avx512, mkl, mkl-mapped (MKL on the weights as loaded), numpy (one that cannot run here:
     mkl.MKLUnavailable, one line).  MKL is not picked on other CPUs by default: it was measured
-    on an Intel one only (on the Zen 4, MKL's SGEMM ran at 0.7x OpenBLAS)."""
+    on an Intel one only (on the Zen 4, MKL's SGEMM ran at 0.86-1.22× OpenBLAS and 0.76-0.90×
+    this kernel, tests/bench/test_bench_avx512.py)."""
     want = (override if override is not None else os.environ.get(F32_ENV, "auto")).strip().lower()
     if want not in F32_ENGINES:
         msg = f"{F32_ENV}={want!r}: expected one of {', '.join(F32_ENGINES)}"
