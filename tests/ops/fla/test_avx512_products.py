@@ -124,8 +124,8 @@ def test_wrong_operands_are_one_line():
 
 @needs_kernel
 def test_auto_picks_the_kernel_without_amx(monkeypatch):
-    """On a CPU with AVX512_BF16 and no AMX the kernel (MKL's bfloat16 product ran at 0.3x its
-    rate on a Zen 4 EPYC); with AMX, MKL where it is found."""
+    """On a CPU with AVX512_BF16 and no AMX the kernel (MKL's bfloat16 product ran at 0.29-0.45x
+    its rate on a Zen 4 EPYC); with AMX, MKL where it is found."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(bf16, "native_bf16", lambda: "avx512_bf16")
     engine = choose_engine()
