@@ -269,6 +269,8 @@ _MEMORY_SCRIPT = textwrap.dedent(
         mkl.library()
     except mkl.MKLUnavailable:
         pass
+    from linstream.ops.model.fla import avx512
+    avx512.reason_unavailable("float32")  # LLVM's library, which tells the CPU's features
 
     def hwm():
         for line in open("/proc/self/status"):
