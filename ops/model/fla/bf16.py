@@ -113,12 +113,10 @@ class Engine:
 
     def rows(self, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         """out = x @ wᵀ for x [t, k] (`prepare`d; float32 is rounded here) and out [t, n]
-        float32 (C-contiguous rows)."""
+        float32 (C-contiguous rows), on the weight as loaded ("avx512bf16" packs every weight at
+        load, so its products never come here)."""
         if self.name == "mkl":
             _mkl_rows(x, b, out)
-        elif self.name == "avx512bf16":  # packed for this one product
-            xb = np.asarray(x, dtype=BF16, order="C")
-            avx512.Packed(b, [slice(0, b.shape[0])]).rows(xb, 0, out)
         else:
             np.matmul(x, b.T, out=out)
 
