@@ -12,8 +12,8 @@ compute dtypes, both state dtypes), the four rules (decay, gated, delta, gated_d
 gather's serial and parallel versions, the model's fused passes (serial and parallel), the
 vector-gated kernel, an embed through a tiny fla-format model folder of each family (GLA,
 RetNet, DeltaNet, Gated DeltaNet, HGRN2, RWKV-7: the fla runtime's fused passes and the DPLR
-kernel, serial and parallel)
-and the float64 recurrent oracle.
+kernel, serial and parallel), the bfloat16 mode's MLP passes (the fused kernels compiled for a
+bfloat16 output) and the float64 recurrent oracle.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402  (after the listener, so that nothing compiles 
 from linstream.ops import causal_linear_attention  # noqa: E402
 from linstream.ops.additive.naive_numba import recurrent_float64  # noqa: E402
 from linstream.ops.decay.vector_numba import vector_gated_chunks  # noqa: E402
-from linstream.ops.model.fla import load_model  # noqa: E402
+from linstream.ops.model.fla import fused, load_model  # noqa: E402
 from linstream.ops.model.kernels import NumbaOps  # noqa: E402
 from linstream.ops.numba_tools import only_version  # noqa: E402
 
@@ -105,6 +105,13 @@ with tempfile.TemporaryDirectory() as folder:
         for parallel in (False, True):
             with only_version(parallel):
                 model.embed_chunk(np.arange(40) % 50, model.initial_states())
+
+# the bfloat16 mode's MLP passes: the fused kernels' versions that write bfloat16
+for parallel in (False, True):
+    with only_version(parallel):
+        g = rng.standard_normal((8, 16)).astype(np.float32)
+        fused.swiglu(g, g, rounded=True)
+        fused.add_rms_norm(g, g, np.ones(16, np.float32), 1e-5, rounded=True)
 
 # the float64 oracle
 q, k, v = qkv(16, 2, 8, np.float64)

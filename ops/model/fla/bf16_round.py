@@ -23,9 +23,9 @@ import numpy as np
 from linstream.ops.numba_tools import njit_variant, worth_threads
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-__all__ = ["bf16_bits", "to_bf16"]
+__all__ = ["bf16_bits", "to_bf16", "written"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)  # as `bf16.BF16` (which imports this module lazily)
 _WORK_PER_VALUE = 4  # a parallel region from 2^16 values (the rounding is a few integer ops)
@@ -54,6 +54,20 @@ def bf16_bits(v: Any) -> Any:  # pragma: no cover - compiled
         return np.uint16((b >> np.uint32(16)) | np.uint32(0x40))
     up = np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
     return np.uint16((b + up) >> np.uint32(16))
+
+
+def written(out: Any, v: Any) -> Any:
+    """v as the array `out` holds it: `bf16_bits(v)` where out is uint16 (bfloat16's bits),
+    v itself otherwise.  A pass that writes float32 or bfloat16 is then one kernel, compiled
+    per output dtype, the float32 version's code unchanged by the other."""
+    return v
+
+
+@overload(written, jit_options={"nogil": True})
+def _written_overload(out, v):  # unannotated: numba compares its signature with the lambdas'
+    if isinstance(out, types.Array) and out.dtype == types.uint16:
+        return lambda out, v: bf16_bits(v)
+    return lambda out, v: v
 
 
 def _round_kernel(parallel: bool) -> Any:

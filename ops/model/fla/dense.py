@@ -187,18 +187,8 @@ def _packed_calls(
         for j in range(len(packed.ranges))
     ]
     if split is None or (t < 2 * MIN_ROWS and (part or packed.n * packed.k < SMALL_WEIGHT)):
-        return y, [Group(cells) if isinstance(packed, mkl.Packed) else _in_turn(cells)]
+        return y, [Group(cells)]
     return y, list(cells)
-
-
-def _in_turn(calls: list[Call]) -> Call:
-    """The calls one after another, as one call (a short chunk's part, whole, on one thread)."""
-
-    def run() -> None:
-        for call in calls:
-            call()
-
-    return run
 
 
 class Dense:

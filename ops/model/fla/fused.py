@@ -49,7 +49,7 @@ from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import overload
 
-from .bf16_round import BF16, bf16_bits
+from .bf16_round import BF16, written
 
 __all__ = [
     "add_rms_norm",
@@ -75,19 +75,7 @@ def _swiglu_kernel(parallel: bool) -> Any:
         for i in prange(g.shape[0]):
             for j in range(g.shape[1]):
                 x = g[i, j]
-                out[i, j] = x * u[i, j] / (one + exp(-x))
-
-    return run
-
-
-def _swiglu_bf16_kernel(parallel: bool) -> Any:
-    @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def run(g, u, out):  # pragma: no cover - compiled
-        one = g.dtype.type(1)
-        for i in prange(g.shape[0]):
-            for j in range(g.shape[1]):
-                x = g[i, j]
-                out[i, j] = bf16_bits(x * u[i, j] / (one + exp(-x)))
+                out[i, j] = written(out, x * u[i, j] / (one + exp(-x)))
 
     return run
 
@@ -191,25 +179,7 @@ def _add_rms_kernel(parallel: bool) -> Any:
                 ss += v * v
             r = one / math.sqrt(ss / n + eps)
             for j in range(x.shape[1]):
-                out[i, j] = h[i, j] * r * w[j]
-
-    return run
-
-
-def _add_rms_bf16_kernel(parallel: bool) -> Any:
-    @njit_variant(parallel, nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def run(x, a, w, eps, h, out):  # pragma: no cover - compiled
-        one = x.dtype.type(1)
-        n = x.dtype.type(x.shape[1])
-        for i in prange(x.shape[0]):
-            ss = x.dtype.type(0)
-            for j in range(x.shape[1]):
-                v = x[i, j] + a[i, j]
-                h[i, j] = v
-                ss += v * v
-            r = one / math.sqrt(ss / n + eps)
-            for j in range(x.shape[1]):
-                out[i, j] = bf16_bits(h[i, j] * r * w[j])
+                out[i, j] = written(out, h[i, j] * r * w[j])
 
     return run
 
@@ -342,12 +312,10 @@ def _log_gate_kernel(parallel: bool) -> Any:
 
 _RMS = {p: _rms_kernel(p) for p in (False, True)}
 _ADD_RMS = {p: _add_rms_kernel(p) for p in (False, True)}
-_ADD_RMS_BF16 = {p: _add_rms_bf16_kernel(p) for p in (False, True)}
 _HEAD_NORM = {p: _head_norm_kernel(p) for p in (False, True)}
 _L2_HEADS = {p: _l2_heads_kernel(p) for p in (False, True)}
 _LOG_GATE = {p: _log_gate_kernel(p) for p in (False, True)}
 _SWIGLU = {p: _swiglu_kernel(p) for p in (False, True)}
-_SWIGLU_BF16 = {p: _swiglu_bf16_kernel(p) for p in (False, True)}
 _SILU = {p: _silu_kernel(p) for p in (False, True)}
 _CONV = {p: _conv_kernel(p) for p in (False, True)}
 
@@ -358,7 +326,7 @@ def swiglu(gate: np.ndarray, up: np.ndarray, rounded: bool = False) -> np.ndarra
     parallel = worth_threads(gate.size * _WORK_PER_ELEMENT)
     if rounded and gate.dtype == np.float32:
         bits = np.empty(gate.shape, dtype=np.uint16)
-        _SWIGLU_BF16[parallel](gate, up, bits)
+        _SWIGLU[parallel](gate, up, bits)
         return bits.view(BF16)
     out = np.empty(gate.shape, dtype=gate.dtype)
     _SWIGLU[parallel](gate, up, out)
@@ -433,7 +401,7 @@ def add_rms_norm(
     parallel = worth_threads(x.size * _WORK_PER_ELEMENT)
     if rounded and x.dtype == np.float32:
         bits = np.empty(x.shape, dtype=np.uint16)
-        _ADD_RMS_BF16[parallel](x, a, ww, x.dtype.type(eps), h, bits)
+        _ADD_RMS[parallel](x, a, ww, x.dtype.type(eps), h, bits)
         return h, bits.view(BF16)
     out = np.empty(x.shape, dtype=x.dtype)
     _ADD_RMS[parallel](x, a, ww, x.dtype.type(eps), h, out)

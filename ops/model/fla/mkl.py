@@ -46,7 +46,7 @@ import importlib.metadata
 import importlib.util
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -375,11 +375,13 @@ class Cell:
 
 
 class Group:
-    """Cells run one after another on one thread, as one call (a short chunk's part, whole)."""
+    """Calls run one after another on one thread, as one call (a short chunk's part, whole):
+    `Cell`s, which `packed_batch` can hand to its helpers, or any other engine's calls, which
+    it declines."""
 
     __slots__ = ("cells",)
 
-    def __init__(self, cells: Sequence[Cell]) -> None:
+    def __init__(self, cells: Sequence[Callable[[], None]]) -> None:
         self.cells = list(cells)
 
     def __call__(self) -> None:

@@ -288,7 +288,10 @@ def _tasks(
         if isinstance(c, Cell):
             cells.append(c)
         elif isinstance(c, Group):
-            cells += c.cells
+            for g in c.cells:  # another engine's calls: not the helpers'
+                if not isinstance(g, Cell):
+                    return None
+                cells.append(g)
         else:
             return None
     if len(cells) > CAPACITY or any(c.x.shape[0] >= 2 * MIN_ROWS for c in cells):
