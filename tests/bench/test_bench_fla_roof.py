@@ -28,11 +28,14 @@ quiet one):
   AVX-512 kernel on the packed weight, at 1 and as two half-row threads) and takes the
   fastest: the time the products alone would take at the GEMM's rate in that round; roof =
   their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the rounds'
-  tokens/s; share = achieved / roof (the bfloat16 mode against the same float32 roof).
+  tokens/s; share = achieved / roof.  The bfloat16 mode's roof is the same from the machine's
+  bfloat16 products (`_bf16_gemms`: linstream's AVX512-BF16 kernel, MKL's packed bfloat16
+  product, PyTorch's bfloat16 matmul), where the CPU has the instructions; else the float32 one.
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
-  and activations, layout copies, other); a line under the table gives, per family, the float32
-  products' rate against the roof: the share over the products' part of the time (the share is
-  that rate times the products' part, so what keeps it below the rate is the time outside them).
+  and activations, layout copies, other); a line under the table gives, per family and mode, the
+  products' rate against the mode's roof: the share over the products' part of the time (the
+  share is that rate times the products' part, so what keeps it below the rate is the time
+  outside them).
 - fla: `AutoModel` in float32 (its naive CPU references, torch at 2 threads), two chunks
   carrying its cache, cold and warm (see test_bench_fla.py); its first chunk's hidden states are
   the reference for each mode's error (rms of the difference over the rms of fla's).  RWKV-7 and
@@ -195,6 +198,56 @@ def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, li
     return out_list
 
 
+def _bf16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
+    """As `_gemms`, the bfloat16 products (bfloat16 inputs, float32 accumulation) the machine
+    has, on the input rounded once: linstream's AVX512-BF16 kernel and MKL's bfloat16 product
+    where MKL packs bfloat16, each on the weight packed once, at 1 thread and as two threads of
+    half the rows; PyTorch's bfloat16 matmul (oneDNN; it writes bfloat16, not float32), one
+    intra-op thread, as two threads of half the rows.  Empty where none has the instructions
+    natively (the bfloat16 rows are then read against the float32 roof)."""
+    from linstream.ops.model.fla import avx512, mkl
+    from linstream.ops.model.fla.bf16 import BF16
+    from linstream.ops.model.threads import row_split
+
+    kernel = avx512.reason_unavailable("bfloat16") is None
+    try:
+        mkl.library()
+        native = {"avx512_bf16", "amx_bf16"} & set(_cpu_flags())
+        have_mkl = mkl.can_pack("bfloat16") and bool(native)  # else MKL emulates them
+    except mkl.MKLUnavailable:
+        have_mkl = False
+    if not (kernel or have_mkl):
+        return []
+    import torch
+
+    torch.set_num_threads(1)
+    halves = row_split(2)
+    rng = np.random.default_rng(0)
+    out_list = []
+    for (t, k, n), count in shapes.items():
+        x = rng.standard_normal((t, k), dtype=np.float32).astype(BF16)
+        w = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
+        out = np.empty((t, n), np.float32)
+        gemms = []
+        for packed in (
+            *([avx512.Packed(w, [slice(0, n)])] if kernel else []),
+            *([mkl.Packed(w, [slice(0, n)])] if have_mkl else []),
+        ):
+            gemms.append((1, functools.partial(packed.rows, x, 0, out)))
+            rows = functools.partial(_rows_of, functools.partial(packed.rows, j=0), x, out)
+            gemms.append((1, functools.partial(halves, rows, t)))
+        xt = torch.from_numpy(x.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
+        wt = torch.from_numpy(w.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
+        xt, wt = xt.bfloat16(), wt.bfloat16()  # the same values, exactly
+
+        def linear(r: slice, xt=xt, wt=wt) -> None:
+            torch.nn.functional.linear(xt[r], wt)
+
+        gemms.append((1, functools.partial(halves, linear, t)))
+        out_list.append((2.0 * t * k * n, count, gemms))
+    return out_list
+
+
 def _roof_seconds(gemms: list[tuple[float, int, list]]) -> float:
     """The seconds a chunk's products take at the fastest of each shape's GEMMs, each timed
     once after a warm call (one round's sample of the roof)."""
@@ -248,6 +301,7 @@ def run_modes(folder: str) -> dict:
             dense.Dense.calls = call
         profiles[mode] = prof.shares(wall)
     gemms = _gemms(shapes)
+    gemms_bf16 = _bf16_gemms(shapes) if "bfloat16" in MODES else []
     flops = sum(f * count for f, count, _ in gemms)
     big = dict.fromkeys(MODES, 0.0)
     small = dict.fromkeys(MODES, 0.0)
@@ -255,6 +309,7 @@ def run_modes(folder: str) -> dict:
     sizes = ("big", "small", "pooled")
     states: dict = {(mode, size): None for mode in MODES for size in sizes}
     roof_s = 0.0
+    roof_bf16_s = 0.0
 
     def in_small_chunks(model, part: np.ndarray, key: tuple[str, str]) -> float:
         """Seconds to embed `part` in SMALL-token chunks, carrying states[key]."""
@@ -273,7 +328,13 @@ def run_modes(folder: str) -> dict:
             with packed_batch.disabled():
                 pooled[mode] += in_small_chunks(model, part, (mode, "pooled"))
         roof_s += _roof_seconds(gemms)
+        roof_bf16_s += _roof_seconds(gemms_bf16)
     roof = flops * ROUNDS / roof_s / 1e9
+    # the bfloat16 mode against the machine's bfloat16 products where it has them
+    roofs = {
+        "float32": roof,
+        "bfloat16": flops * ROUNDS / roof_bf16_s / 1e9 if gemms_bf16 else roof,
+    }
     out = {}
     for mode, model in models.items():
         report = model.load_report
@@ -282,7 +343,9 @@ def run_modes(folder: str) -> dict:
             "small_tokens_per_s": ROUNDS * CHUNK / small[mode],
             "small_pooled_tokens_per_s": ROUNDS * CHUNK / pooled[mode],
             "achieved_gflops": flops * ROUNDS / big[mode] / 1e9,
-            "roof_gflops": roof,
+            "roof_gflops": roofs[mode],
+            "roof_dtype": "bfloat16" if mode == "bfloat16" and gemms_bf16 else "float32",
+            "f32_roof_gflops": roof,
             "profile": profiles[mode],
             "held_bytes": report.held_bytes,
             "parameters": report.parameters,
@@ -485,9 +548,10 @@ def test_bench_fla_roof(tmp_path):
             gain = r["small_tokens_per_s"] / r["small_pooled_tokens_per_s"]
             helpers.append(f"{family} {mode} {gain:.2f}x")
             p = r["profile"]
-            if mode == "float32":  # the share over the products' part of the time
-                share = r["achieved_gflops"] / r["roof_gflops"]
-                at_roof.append(f"{family} {share / p['products']:.0%}")
+            # the share over the products' part of the time: the products' rate against it
+            share = r["achieved_gflops"] / r["roof_gflops"]
+            at_roof.append(f"{family} {mode} {share / p['products']:.0%}")
+            roof_note = "" if r["roof_dtype"] == "float32" else " bf16"
             prof = " / ".join(
                 f"{p[k]:.0%}"
                 for k in ("products", "recurrence", "norms and activations", "layout copies")
@@ -495,15 +559,16 @@ def test_bench_fla_roof(tmp_path):
             lines.append(
                 f"| {family} ({r['parameters'] / 1e6:.1f}M) | {mode} | {r['tokens_per_s']:.0f} | "
                 f"{r['small_tokens_per_s']:.0f} ({ratio:.2f}) | {r['achieved_gflops']:.0f} / "
-                f"{r['roof_gflops']:.0f} ({r['achieved_gflops'] / r['roof_gflops']:.0%}) | "
+                f"{r['roof_gflops']:.0f}{roof_note} ({share:.0%}) | "
                 f"{prof} / {p['other']:.0%} | {fla['cold']:.0f} / {fla['warm']:.0f} | "
                 f"{_llama_cells(rates[family], mode)} | "
                 f"{err:.2e} | {r['held_bytes'] / mib:.0f} MiB |"
             )
     lines += ["", *(f"engine: {e}" for e in sorted(engines))]
     lines.append(
-        "float32: the products' rate against the roof (the share over the products' part of a "
-        f"chunk's time; the rest of the share is the time outside them): {', '.join(at_roof)}"
+        "the products' rate against the roof (the share over the products' part of a chunk's "
+        "time; the rest of the share is the time outside them; a bfloat16 row's roof is the "
+        f"machine's bfloat16 products where it has them, marked bf16): {', '.join(at_roof)}"
     )
     lines.append(
         f"{SMALL}-token chunks with the spinning helpers over the same with every hand-off on "
@@ -532,10 +597,14 @@ def _llama_cells(rates: dict[str, float], mode: str) -> str:
     return tok + " | " + " / ".join(f"{rates[mode] / v:.2f}x" for v in llama)
 
 
-def _llama_bf16() -> str:
+def _cpu_flags() -> list[str]:
     with open("/proc/cpuinfo") as f:
-        flags = next((line for line in f if line.startswith("flags")), "").split()
-    return "native (AVX512-BF16)" if "avx512_bf16" in flags else "emulated (no AVX512-BF16)"
+        return next((line for line in f if line.startswith("flags")), "").split()
+
+
+def _llama_bf16() -> str:
+    native = "avx512_bf16" in _cpu_flags()
+    return "native (AVX512-BF16)" if native else "emulated (no AVX512-BF16)"
 
 
 def target_line(rates: dict[str, float]) -> str:
