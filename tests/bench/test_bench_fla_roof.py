@@ -29,8 +29,9 @@ quiet one):
   fastest: the time the products alone would take at the GEMM's rate in that round; roof =
   their FLOPs / the rounds' mean of that time; achieved = their FLOPs per chunk at the rounds'
   tokens/s; share = achieved / roof.  The bfloat16 mode's roof is the same from the machine's
-  bfloat16 products (`_bf16_gemms`: linstream's AVX512-BF16 kernel, MKL's packed bfloat16
-  product, PyTorch's bfloat16 matmul), where the CPU has the instructions; else the float32 one.
+  bfloat16 products (`helpers.gemm_roof.bfloat16_gemms`: linstream's AVX512-BF16 kernel, MKL's
+  packed bfloat16 product, PyTorch's bfloat16 matmul), where the CPU has the instructions; else
+  the float32 one.  (The GEMMs are `helpers.gemm_roof`'s.)
 - the profile: `helpers.fla_profile.Profile` over one large chunk (products, recurrence, norms
   and activations, layout copies, other); a line under the table gives, per family and mode, the
   products' rate against the mode's roof: the share over the products' part of the time (the
@@ -68,7 +69,6 @@ bench size) and the command against the loop; the figures go to docs/benchmarks.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -81,6 +81,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers.gemm_roof import bfloat16_gemms, cpu_flags, float32_gemms, roof_seconds
 
 SIZE = os.environ.get("LINSTREAM_BENCH_SIZE", "bench")
 SEED = 7
@@ -148,124 +149,6 @@ def _tokens(n: int, folder: str | Path | None = None) -> np.ndarray:
 
 
 # -- children ----------------------------------------------------------------------------------
-def _rows_of(product, x: np.ndarray, out: np.ndarray, r: slice) -> None:
-    """One thread's rows of a product (`row_split`'s call): product(x[r], out=out[r])."""
-    product(x[r], out=out[r])
-
-
-def _gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
-    """Per distinct product shape (t, k, n): its FLOPs, its count in a chunk, and the float32
-    GEMMs that form it (operands made once): NumPy's BLAS at 2 threads and at 1; where MKL is
-    found, MKL's SGEMM at 1 thread, at 2 of its own where its library runs them (PyTorch's
-    copy), as two threads each running half the rows (the runtime's row ranges), and the same
-    two on the weight packed once where MKL packs; where the CPU has AVX-512, linstream's
-    float32 kernel on the weight packed once, at 1 thread and as two threads of half the rows
-    (the float32 mode's own products, by CPU).  Each GEMM
-    is (threads for BLAS, the call)."""
-    from linstream.ops.model.fla import avx512, mkl
-    from linstream.ops.model.threads import row_split
-
-    try:
-        mkl.library()
-        have_mkl = True
-    except mkl.MKLUnavailable:
-        have_mkl = False
-    halves = row_split(2)
-    rng = np.random.default_rng(0)
-    out_list = []
-    for (t, k, n), count in shapes.items():
-        x = rng.standard_normal((t, k), dtype=np.float32)
-        w = rng.standard_normal((n, k), dtype=np.float32)
-        out = np.empty((t, n), np.float32)
-        gemms = [(threads, functools.partial(np.matmul, x, w.T, out=out)) for threads in (2, 1)]
-        if have_mkl:
-            gemms += [
-                (1, functools.partial(mkl.sgemm_rows, x, w, out, threads)) for threads in (2, 1)
-            ]
-            rows = functools.partial(_rows_of, functools.partial(mkl.sgemm_rows, w=w), x, out)
-            gemms.append((1, functools.partial(halves, rows, t)))
-            if mkl.can_pack(np.float32):
-                packed = mkl.Packed(w, [slice(0, n)])
-                gemms.append((1, functools.partial(packed.rows, x, 0, out)))
-                rows = functools.partial(_rows_of, functools.partial(packed.rows, j=0), x, out)
-                gemms.append((1, functools.partial(halves, rows, t)))
-        if avx512.reason_unavailable("float32") is None:  # linstream's kernel, packed once
-            kernel = avx512.Packed(w, [slice(0, n)])
-            gemms.append((1, functools.partial(kernel.rows, x, 0, out)))
-            rows = functools.partial(_rows_of, functools.partial(kernel.rows, j=0), x, out)
-            gemms.append((1, functools.partial(halves, rows, t)))
-        out_list.append((2.0 * t * k * n, count, gemms))
-    return out_list
-
-
-def _bf16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
-    """As `_gemms`, the bfloat16 products (bfloat16 inputs, float32 accumulation) the machine
-    has, on the input rounded once: linstream's AVX512-BF16 kernel and MKL's bfloat16 product
-    where MKL packs bfloat16, each on the weight packed once, at 1 thread and as two threads of
-    half the rows; PyTorch's bfloat16 matmul (oneDNN; it writes bfloat16, not float32), one
-    intra-op thread, as two threads of half the rows.  Empty where none has the instructions
-    natively (the bfloat16 rows are then read against the float32 roof)."""
-    from linstream.ops.model.fla import avx512, mkl
-    from linstream.ops.model.fla.bf16 import BF16
-    from linstream.ops.model.threads import row_split
-
-    kernel = avx512.reason_unavailable("bfloat16") is None
-    try:
-        mkl.library()
-        native = {"avx512_bf16", "amx_bf16"} & set(_cpu_flags())
-        have_mkl = mkl.can_pack("bfloat16") and bool(native)  # else MKL emulates them
-    except mkl.MKLUnavailable:
-        have_mkl = False
-    if not (kernel or have_mkl):
-        return []
-    import torch
-
-    torch.set_num_threads(1)
-    halves = row_split(2)
-    rng = np.random.default_rng(0)
-    out_list = []
-    for (t, k, n), count in shapes.items():
-        x = rng.standard_normal((t, k), dtype=np.float32).astype(BF16)
-        w = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
-        out = np.empty((t, n), np.float32)
-        gemms = []
-        for packed in (
-            *([avx512.Packed(w, [slice(0, n)])] if kernel else []),
-            *([mkl.Packed(w, [slice(0, n)])] if have_mkl else []),
-        ):
-            gemms.append((1, functools.partial(packed.rows, x, 0, out)))
-            rows = functools.partial(_rows_of, functools.partial(packed.rows, j=0), x, out)
-            gemms.append((1, functools.partial(halves, rows, t)))
-        xt = torch.from_numpy(x.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
-        wt = torch.from_numpy(w.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
-        xt, wt = xt.bfloat16(), wt.bfloat16()  # the same values, exactly
-
-        def linear(r: slice, xt=xt, wt=wt) -> None:
-            torch.nn.functional.linear(xt[r], wt)
-
-        gemms.append((1, functools.partial(halves, linear, t)))
-        out_list.append((2.0 * t * k * n, count, gemms))
-    return out_list
-
-
-def _roof_seconds(gemms: list[tuple[float, int, list]]) -> float:
-    """The seconds a chunk's products take at the fastest of each shape's GEMMs, each timed
-    once after a warm call (one round's sample of the roof)."""
-    from threadpoolctl import threadpool_limits
-
-    seconds = 0.0
-    for _, count, calls in gemms:
-        best = float("inf")
-        for threads, gemm in calls:
-            with threadpool_limits(threads, user_api="blas"):
-                gemm()
-                t0 = time.perf_counter()
-                gemm()
-                best = min(best, time.perf_counter() - t0)
-        seconds += best * count
-    return seconds
-
-
 def run_modes(folder: str) -> dict:
     """Both modes in one process, their rounds interleaved with each other and with samples of
     the GEMM roof, so that every ratio (bfloat16 over float32, small over large chunks, the
@@ -300,8 +183,8 @@ def run_modes(folder: str) -> dict:
         finally:
             dense.Dense.calls = call
         profiles[mode] = prof.shares(wall)
-    gemms = _gemms(shapes)
-    gemms_bf16 = _bf16_gemms(shapes) if "bfloat16" in MODES else []
+    gemms = float32_gemms(shapes)
+    gemms_bf16 = bfloat16_gemms(shapes) if "bfloat16" in MODES else []
     flops = sum(f * count for f, count, _ in gemms)
     big = dict.fromkeys(MODES, 0.0)
     small = dict.fromkeys(MODES, 0.0)
@@ -327,8 +210,8 @@ def run_modes(folder: str) -> dict:
             small[mode] += in_small_chunks(model, part, (mode, "small"))
             with packed_batch.disabled():
                 pooled[mode] += in_small_chunks(model, part, (mode, "pooled"))
-        roof_s += _roof_seconds(gemms)
-        roof_bf16_s += _roof_seconds(gemms_bf16)
+        roof_s += roof_seconds(gemms)
+        roof_bf16_s += roof_seconds(gemms_bf16)
     roof = flops * ROUNDS / roof_s / 1e9
     # the bfloat16 mode against the machine's bfloat16 products where it has them
     roofs = {
@@ -597,13 +480,8 @@ def _llama_cells(rates: dict[str, float], mode: str) -> str:
     return tok + " | " + " / ".join(f"{rates[mode] / v:.2f}x" for v in llama)
 
 
-def _cpu_flags() -> list[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((line for line in f if line.startswith("flags")), "").split()
-
-
 def _llama_bf16() -> str:
-    native = "avx512_bf16" in _cpu_flags()
+    native = "avx512_bf16" in cpu_flags()
     return "native (AVX512-BF16)" if native else "emulated (no AVX512-BF16)"
 
 
