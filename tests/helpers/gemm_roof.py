@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any
 
 import numpy as np
 
@@ -74,12 +75,13 @@ def float32_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, 
 
 
 def bfloat16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
-    """As `float32_gemms`, the bfloat16 products (bfloat16 inputs, float32 accumulation) the machine
-    has, on the input rounded once: linstream's AVX512-BF16 kernel and MKL's bfloat16 product
-    where MKL packs bfloat16, each on the weight packed once, at 1 thread and as two threads of
-    half the rows; PyTorch's bfloat16 matmul (oneDNN; it writes bfloat16, not float32), one
-    intra-op thread, as two threads of half the rows.  Empty where none has the instructions
-    natively (the bfloat16 rows are then read against the float32 roof)."""
+    """As `float32_gemms`, the bfloat16 products (bfloat16 inputs, float32 accumulation) the
+    machine has, on the input rounded once: linstream's AVX512-BF16 kernel and MKL's bfloat16
+    product where MKL packs bfloat16, each on the weight packed once, at 1 thread and as two
+    threads of half the rows; PyTorch's bfloat16 matmul (oneDNN; it writes bfloat16, not
+    float32, into an output it allocates), one intra-op thread each, as two threads of half the
+    rows only.  Empty where none has the instructions natively (the bfloat16 rows are then read
+    against the float32 roof)."""
     from linstream.ops.model.fla import avx512, mkl
     from linstream.ops.model.fla.bf16 import BF16
     from linstream.ops.model.threads import row_split
@@ -95,7 +97,6 @@ def bfloat16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float,
         return []
     import torch
 
-    torch.set_num_threads(1)
     halves = row_split(2)
     rng = np.random.default_rng(0)
     out_list = []
@@ -118,9 +119,22 @@ def bfloat16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float,
         def linear(r: slice, xt=xt, wt=wt) -> None:
             torch.nn.functional.linear(xt[r], wt)
 
-        gemms.append((1, functools.partial(halves, linear, t)))
+        gemms.append((1, functools.partial(_one_torch_thread_each, halves, linear, t)))
         out_list.append((2.0 * t * k * n, count, gemms))
     return out_list
+
+
+def _one_torch_thread_each(halves: Any, linear: Any, t: int) -> None:
+    """halves(linear, t) with PyTorch at one intra-op thread (each half on its own thread),
+    its thread count as it was afterwards (the process's other products keep theirs)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        halves(linear, t)
+    finally:
+        torch.set_num_threads(before)
 
 
 def roof_seconds(gemms: list[tuple[float, int, list]]) -> float:

@@ -10,8 +10,9 @@ is not imported); each call at one MKL thread.
     packed.task(x, j, out)       # the same as the numbers of its MKL call (`packed_batch`
                                  # makes it from jitted code, at `compute_address(dtype)`)
     with one_thread(): ...       # MKL at one thread on this thread
-    Cell(packed, x, j, out)      # packed.rows(x, j, out) as a call, and Group([cells]): calls
-                                 # run in turn as one (what `packed_batch` hands its helpers)
+    Cell(packed, x, j, out)      # packed.rows(x, j, out) as a call, and Group([calls]): calls
+                                 # run in turn as one (`packed_batch` hands its helpers a group
+                                 # of cells; another engine's group it declines)
     library(), source()          # the loaded library (MKLUnavailable: one line saying why), and
                                  # which one it is, in words
 

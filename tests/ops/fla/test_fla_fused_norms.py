@@ -243,15 +243,24 @@ def test_every_float32_product_gets_a_contiguous_float32_input(tmp_path, family,
     assert seen and all(s == ("float32", True) for s in seen), seen
 
 
-def test_the_rounded_passes_write_the_float32_pass_rounded_to_bfloat16():
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_rounded_passes_write_the_float32_pass_rounded_to_bfloat16(parallel):
     """`add_rms_norm` and `swiglu` with rounded=True (the bfloat16 mode's MLP inputs) write
     bfloat16: the float32 pass's value rounded to nearest, so within half a bfloat16 step
     (2⁻⁸ relative: 8 significant bits) of the float32 pass's output, plus the float32
     rounding by which the two passes' value may differ (reassociated: the norm's sum of d
-    squares, 2·d·u; the SwiGLU's four operations, 8·u; u = 2⁻²⁴)."""
-    from linstream.ops.model.fla.bf16 import BF16
+    squares, 2·d·u; the SwiGLU's four operations, 8·u; u = 2⁻²⁴).  Each kernel's serial and
+    parallel version (one kernel writes both outputs)."""
+    from linstream.ops.numba_tools import only_version
 
     print(f"seed={SEED}")
+    with only_version(parallel):
+        _rounded_passes()
+
+
+def _rounded_passes() -> None:
+    from linstream.ops.model.fla.bf16 import BF16
+
     rng = np.random.default_rng(SEED)
     t, d, eps, u = 300, 96, 1e-5, 2.0**-24
     x, a = (rng.standard_normal((t, d), dtype=np.float32) for _ in range(2))

@@ -75,14 +75,16 @@ def test_a_batch_writes_what_its_calls_write_one_after_another(dtype, threads):
 
 
 def test_a_batch_it_does_not_take_is_left_whole_to_the_caller(monkeypatch):
-    """A long chunk's products (the pool runs them), a call that is not a packed product, one
-    thread: False, and nothing written."""
+    """A long chunk's products (the pool runs them), a call that is not MKL's packed product
+    (alone, or in a group as another engine's short-chunk part), one thread: False, and nothing
+    written."""
     dt = _dtype("float32")
     rng = np.random.default_rng(SEED)
     long_calls, long_outs = _layer(rng, dt, 256)
     calls, outs = _layer(rng, dt, 64)
     assert not packed_batch.run(long_calls, 2)
     assert not packed_batch.run([*calls, lambda: None], 2)
+    assert not packed_batch.run([*calls, Group([lambda: None])], 2)
     assert not packed_batch.run(calls, 1)
     assert all(np.isnan(o).all() for o in long_outs + outs)
 
