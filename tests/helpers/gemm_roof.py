@@ -29,6 +29,16 @@ def rows_of(product, x: np.ndarray, out: np.ndarray, r: slice) -> None:
     product(x[r], out=out[r])
 
 
+def _on_packed(packed: Any, x: np.ndarray, out: np.ndarray, halves: Any) -> list:
+    """A weight packed once (one column range), multiplied at 1 thread and as two threads of
+    half the rows (the runtime's row ranges): two GEMMs, (threads for BLAS, the call)."""
+    rows = functools.partial(rows_of, functools.partial(packed.rows, j=0), x, out)
+    return [
+        (1, functools.partial(packed.rows, x, 0, out)),
+        (1, functools.partial(halves, rows, x.shape[0])),
+    ]
+
+
 def float32_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, int, list]]:
     """Per distinct product shape (t, k, n): its FLOPs, its count in a chunk, and the float32
     GEMMs that form it (operands made once): NumPy's BLAS at 2 threads and at 1; where MKL is
@@ -61,15 +71,9 @@ def float32_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float, 
             rows = functools.partial(rows_of, functools.partial(mkl.sgemm_rows, w=w), x, out)
             gemms.append((1, functools.partial(halves, rows, t)))
             if mkl.can_pack(np.float32):
-                packed = mkl.Packed(w, [slice(0, n)])
-                gemms.append((1, functools.partial(packed.rows, x, 0, out)))
-                rows = functools.partial(rows_of, functools.partial(packed.rows, j=0), x, out)
-                gemms.append((1, functools.partial(halves, rows, t)))
+                gemms += _on_packed(mkl.Packed(w, [slice(0, n)]), x, out, halves)
         if avx512.reason_unavailable("float32") is None:  # linstream's kernel, packed once
-            kernel = avx512.Packed(w, [slice(0, n)])
-            gemms.append((1, functools.partial(kernel.rows, x, 0, out)))
-            rows = functools.partial(rows_of, functools.partial(kernel.rows, j=0), x, out)
-            gemms.append((1, functools.partial(halves, rows, t)))
+            gemms += _on_packed(avx512.Packed(w, [slice(0, n)]), x, out, halves)
         out_list.append((2.0 * t * k * n, count, gemms))
     return out_list
 
@@ -109,9 +113,7 @@ def bfloat16_gemms(shapes: dict[tuple[int, int, int], int]) -> list[tuple[float,
             *([avx512.Packed(w, [slice(0, n)])] if kernel else []),
             *([mkl.Packed(w, [slice(0, n)])] if have_mkl else []),
         ):
-            gemms.append((1, functools.partial(packed.rows, x, 0, out)))
-            rows = functools.partial(rows_of, functools.partial(packed.rows, j=0), x, out)
-            gemms.append((1, functools.partial(halves, rows, t)))
+            gemms += _on_packed(packed, x, out, halves)
         xt = torch.from_numpy(x.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
         wt = torch.from_numpy(w.view(np.uint16).astype(np.int32) << 16).view(torch.float32)
         xt, wt = xt.bfloat16(), wt.bfloat16()  # the same values, exactly
