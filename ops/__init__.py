@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# first: OpenMP's wait policy, before anything can load Numba's OpenMP (`omp_wait`)
+from . import omp_wait  # noqa: F401
+
 if TYPE_CHECKING:
     from linstream.ops.model.config import ModelConfig
     from linstream.ops.model.runtime import EmbeddingModel, builtin_models, load_model

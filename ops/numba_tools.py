@@ -15,15 +15,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import os
 from collections.abc import Iterator
 from typing import Any
-
-# Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
-# kernel calls that spinning takes the cores from NumPy's BLAS threads (the model's projections)
-# and made the model runtime 3-6x slower than with the NumPy backend.  Passive waiting must be
-# set before libgomp starts (at the first parallel kernel, not at import); a user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import llvmlite.ir as llvmir
 import numba
@@ -31,6 +24,12 @@ import numpy as np
 from numba.core import cgutils
 from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
+
+# Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
+# kernel calls that spinning takes the cores from NumPy's BLAS threads (the model's projections)
+# and made the model runtime 3-6x slower than with the NumPy backend.  Passive waiting must be
+# set before libgomp loads (`omp_wait`, which linstream.ops imports first); a user's setting wins.
+from . import omp_wait  # noqa: F401
 
 __all__ = ["FASTMATH", "exp", "exp_f32", "njit_variant", "only_version", "worth_threads"]
 

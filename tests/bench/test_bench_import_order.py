@@ -1,0 +1,79 @@
+"""What importing PyTorch before linstream costs the model runtime (`linstream.ops.omp_wait`).
+
+Each family's bench-size model (`helpers.rwkv_mamba_models`: RWKV-7 and Mamba-2 from their own
+classes, float32) runs 2,048-token chunks in fresh processes that import torch first or
+linstream first, in ABBA order; the table gives each order's tokens/s and their ratio.  The
+torch-first process must say so in one line; the other must say nothing.
+
+    .venv/bin/python -m pytest tests/bench/test_bench_import_order.py -m bench -s -p no:randomly
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHUNK = 2048
+ROUNDS = 3  # timed chunks a process (the best one counts), after one warm-up chunk
+REPEATS = 2  # ABBA: each order this many times per family
+FAMILIES = ("rwkv7", "mamba2")
+
+_CHILD = """
+import json, sys, time
+order, folder = sys.argv[1], sys.argv[2]
+if order == "torch":
+    import torch
+import numpy as np
+from linstream.ops.model.fla import load_model
+model = load_model(folder)
+ids = np.random.default_rng(0).integers(0, model.config.common.vocab_size, CHUNK)
+_, state = model.embed_chunk(ids, None)
+best = float("inf")
+for _ in range(ROUNDS):
+    t0 = time.perf_counter()
+    _, state = model.embed_chunk(ids, state)
+    best = min(best, time.perf_counter() - t0)
+print(json.dumps({"tokens_per_s": CHUNK / best}))
+""".replace("CHUNK", str(CHUNK)).replace("ROUNDS", str(ROUNDS))
+
+
+def _child(order: str, folder: str) -> tuple[float, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, order, folder],
+        capture_output=True, text=True, env=env, timeout=1800, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"], r.stderr
+
+
+@pytest.mark.bench
+def test_bench_import_order(tmp_path):
+    pytest.importorskip("torch")
+    from helpers.rwkv_mamba_models import cached_model_folder
+
+    root = os.environ.get("LINSTREAM_BENCH_MODELS", str(tmp_path))
+    lines = [
+        f"{CHUNK}-token float32 chunks, 2 threads, best of {ROUNDS} per process, "
+        f"{REPEATS} processes per order (ABBA); load average {os.getloadavg()[0]:.1f}",
+        "",
+        "| model | linstream first tok/s | torch first tok/s | torch first / linstream first |",
+        "|---|---:|---:|---:|",
+    ]
+    for family in FAMILIES:
+        folder = str(cached_model_folder(root, family, "bench"))
+        rates: dict[str, list[float]] = {"torch": [], "linstream": []}
+        for rep in range(REPEATS):
+            for order in ("torch", "linstream") if rep % 2 == 0 else ("linstream", "torch"):
+                rate, stderr = _child(order, folder)
+                rates[order].append(rate)
+                said = [line for line in stderr.splitlines() if "OMP_WAIT_POLICY" in line]
+                assert len(said) == (1 if order == "torch" else 0), stderr
+        first = sum(rates["linstream"]) / REPEATS
+        late = sum(rates["torch"]) / REPEATS
+        lines.append(f"| {family} | {first:.0f} | {late:.0f} | {late / first:.2f} |")
+    print("\n" + "\n".join(lines))
