@@ -14,43 +14,54 @@ from linstream.ops import omp_wait
 pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 # Imports in the given order, then two forwards of the built-in model (the line is said once a
-# process, at its first forward), then prints the policy the process ends with.
+# process, at its first forward) through the runtime (`load_model`) or the Python API
+# (`embed`, a Beam job in the process), then prints the policy the process ends with.
 _SCRIPT = """
 import os, sys
 import numpy as np
-for name in sys.argv[1:]:
+entry, order = sys.argv[1], sys.argv[2:]
+for name in order:
     if name == "torch":
         import torch
     else:
         from linstream.ops import load_model
-model = load_model("builtin:default")
-ids = np.arange(300) % 200
-emb, states = model.embed_chunk(ids, model.initial_states())
-emb, states = model.embed_chunk(ids, states)
-print("policy", os.environ.get("OMP_WAIT_POLICY"), emb.shape)
+        from linstream.pipeline import embed
+if entry == "runtime":
+    model = load_model("builtin:default")
+    ids = np.arange(300) % 200
+    emb, states = model.embed_chunk(ids, model.initial_states())
+    emb, states = model.embed_chunk(ids, states)
+    shape = emb.shape
+else:
+    shape = embed(["a first text", "a second, longer one"]).shape
+    shape = embed(["a third"] * 3).shape
+print("policy", os.environ.get("OMP_WAIT_POLICY"), shape)
 """
 
 
-def _run(*order: str, policy: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    *order: str, entry: str = "runtime", policy: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, *order],
+        [sys.executable, "-c", _SCRIPT, entry, *order],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
 
-def test_torch_imported_first_is_told_once_with_the_remedy():
+@pytest.mark.parametrize(("entry", "shape"), [("runtime", "(300, "), ("embed", "(3, ")])
+def test_torch_imported_first_is_told_once_with_the_remedy(entry, shape):
     pytest.importorskip("torch")
-    proc = _run("torch", "linstream")
+    proc = _run("torch", "linstream", entry=entry)
     lines = [line for line in proc.stderr.splitlines() if "OMP_WAIT_POLICY" in line]
     assert len(lines) == 1, proc.stderr
     assert "libgomp.so" in lines[0] and "import linstream before torch" in lines[0], lines
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert "policy PASSIVE (300, " in proc.stdout, proc.stdout
+    assert f"policy PASSIVE {shape}" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize(
