@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.gemm_roof import cpu_flags
 from helpers.llama_cpp_run import BenchResult, parse_llama_bench_json
 
 PROMPT = int(os.environ.get("LINSTREAM_LLAMA_PROMPT", "2048"))
@@ -160,14 +161,6 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def _cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
-
-
 @pytest.fixture(scope="module")
 def llama():
     from helpers.llama_cpp import ensure_llama_cpp
@@ -242,7 +235,7 @@ def test_llama_cpp_agrees_with_the_torch_models(folders, llama, tmp_path):
 
 @pytest.mark.bench
 def test_bench_prompt_processing(folders, llama):
-    flags = _cpu_flags()
+    flags = set(cpu_flags())
     bf16 = "native (AVX512-BF16)" if "avx512_bf16" in flags else "emulated (no AVX512-BF16)"
     simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     lines = [
