@@ -9,10 +9,12 @@ its products on threads of its own (`linstream.ops.model.threads`) between two k
 2-core machine a spinning OpenMP thread takes the core that a product's second thread needs.
 With OMP_WAIT_POLICY=PASSIVE the OpenMP threads sleep instead.
 
-GNU OpenMP reads the variable once, when the library loads, and a process holds one library of
-the name libgomp.so.1, whoever loads it first.  PyTorch's wheels ship their own libgomp.so.1,
-so `import torch` before linstream loads it without the variable, and Numba's kernels then run
-on it.  Nothing changes its waiting afterwards.  Measured on a 2-vCPU Zen 4, 2,048-token
+GNU OpenMP reads the variable once, when the library loads.  Numba's OpenMP layer needs the
+system's libgomp.so.1.0.0 (loading it at its first parallel kernel, unless it is loaded already)
+and calls its functions by name, found first in the process's global scope.  PyTorch's wheels
+load a copy of their own there (libgomp.so.1, with the process's global symbols): after
+`import torch`, Numba's parallel regions run on that copy, initialized without the variable.
+Nothing changes its waiting afterwards.  Measured on a 2-vCPU Zen 4, 2,048-token
 float32 chunks (tests/bench/test_bench_import_order.py): RWKV-7 141M and Mamba-2 129M ran at
 0.86 and 0.87 of their speed with torch imported first.  `spinning_line` gives the line the
 runtime logs once at its first forward (`model.blas`): import linstream first, or set the
@@ -28,14 +30,15 @@ import re
 __all__ = ["VARIABLE", "loaded_libgomp", "spinning_line"]
 
 VARIABLE = "OMP_WAIT_POLICY"
-# the name the dynamic linker shares: the system's libgomp.so.1[.0.0] and PyTorch's libgomp.so.1
-# (a vendored copy renamed with a hash, as scikit-learn's, is another library: not matched)
+# what Numba's kernels would run on if it is loaded first: the system's libgomp.so.1.0.0 (the
+# name Numba's OpenMP layer needs) or PyTorch's libgomp.so.1 (its functions in the global scope).
+# A copy renamed with a hash (scikit-learn's), loaded for its own module only, is not matched.
 _SHARED_NAME = re.compile(r"libgomp\.so(\.\d+)*$")
 
 
 def loaded_libgomp(maps: str = "/proc/self/maps") -> str | None:
-    """The path of the GNU OpenMP library this process has loaded under its shared name, or
-    None (none loaded, or no /proc to tell)."""
+    """The path of a GNU OpenMP library (`_SHARED_NAME`) this process has loaded, or None (none
+    loaded, or no /proc to tell)."""
     try:
         with open(maps, encoding="utf-8", errors="replace") as f:
             for line in f:
