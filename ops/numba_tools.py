@@ -26,10 +26,13 @@ from numba.core import types as nbtypes
 from numba.extending import intrinsic, overload
 
 # Numba's OpenMP threading layer spin-waits after each parallel region by default; between two
-# kernel calls that spinning takes the cores from NumPy's BLAS threads (the model's projections)
-# and made the model runtime 3-6x slower than with the NumPy backend.  Passive waiting must be
-# set before libgomp loads (`omp_wait`, which linstream.ops imports first); a user's setting wins.
-from . import omp_wait  # noqa: F401
+# kernel calls that spinning takes the cores from the model's products and made the model
+# runtime 3-6x slower than with the NumPy backend.  Passive waiting must be set before libgomp
+# loads (`omp_wait`, which linstream.ops imports first; a user's setting wins), and Numba's layer
+# loaded on a libgomp of its own where PyTorch's was loaded before that (`omp_wait`).
+from . import omp_wait
+
+omp_wait.bind_numba_openmp()
 
 __all__ = ["FASTMATH", "exp", "exp_f32", "njit_variant", "only_version", "worth_threads"]
 
