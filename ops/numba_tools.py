@@ -29,7 +29,7 @@ from numba.extending import intrinsic, overload
 # kernel calls that spinning takes the cores from the model's products and made the model
 # runtime 3-6x slower than with the NumPy backend.  Passive waiting must be set before libgomp
 # loads (`omp_wait`, which linstream.ops imports first; a user's setting wins), and Numba's layer
-# loaded on a libgomp of its own where PyTorch's was loaded before that (`omp_wait`).
+# loaded on a libgomp of its own where PyTorch's was loaded before that: here, before any kernel.
 from . import omp_wait
 
 omp_wait.bind_numba_openmp()

@@ -13,14 +13,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 __all__: list[str] = []  # private to the model runtime
-
-_log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -111,16 +108,4 @@ def _thread_layout() -> tuple[contextlib.AbstractContextManager[None], Any]:
     from .threads import row_split
 
     keep_heap()  # once a process: the chunk's large temporaries reuse the heap (heap.py)
-    _say_if_spinning()
     return _single_threaded_blas(), row_split(_single_threaded_blas.threads())
-
-
-@functools.cache
-def _say_if_spinning() -> None:
-    """Once a process, at its first host forward: the line of `omp_wait.spinning_line`, where
-    GNU OpenMP loaded before linstream could ask its threads to wait passively."""
-    from linstream.ops.omp_wait import spinning_line
-
-    line = spinning_line()
-    if line is not None:
-        _log.warning("%s", line)

@@ -1,11 +1,13 @@
 """OpenMP's wait policy (`linstream.ops.omp_wait`): Numba's parallel kernels run on a libgomp that
-loaded after linstream asked for passive waiting, whatever was imported first; where that cannot
-be (Numba's OpenMP layer loaded on PyTorch's before linstream came), the process is told once,
-with what to do.  Each case is a fresh Python process, as a user's script is, and where Numba's
-OpenMP calls go is read from the dynamic linker's own account (LD_DEBUG=bindings)."""
+loaded after linstream asked for passive waiting, whatever was imported first; where they cannot
+(Numba's OpenMP layer loaded on PyTorch's copy before linstream came, or the binding not done
+under LD_PRELOAD), the process is told once, with what to do.  Each case is a fresh Python
+process, as a user's script is, and where Numba's OpenMP calls go is read from the dynamic
+linker's own account (LD_DEBUG=bindings)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -14,8 +16,6 @@ from pathlib import Path
 
 import pytest
 from linstream.ops import omp_wait
-
-pytestmark = pytest.mark.e2e  # whole jobs, subprocesses or servers: `make check` leaves it out
 
 # Imports in the given order ("numba": a parallel kernel of the user's own runs first), then two
 # forwards of the built-in model (a line is said once a process, at its first forward) through
@@ -40,7 +40,7 @@ for name in order:
         from linstream.pipeline import embed
 if entry == "runtime":
     model = load_model("builtin:default")
-    ids = np.arange(300) % 200
+    ids = np.arange(4096) % 200  # long enough for the kernels' parallel versions
     emb, states = model.embed_chunk(ids, model.initial_states())
     emb, states = model.embed_chunk(ids, states)
     shape = emb.shape
@@ -57,11 +57,18 @@ _BOUND = re.compile(
 
 
 def _run(
-    *order: str, entry: str = "runtime", policy: str | None = None, bindings: Path | None = None
+    *order: str,
+    entry: str = "runtime",
+    policy: str | None = None,
+    bindings: Path | None = None,
+    preload: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LD_DEBUG")}
+    drop = ("OMP_WAIT_POLICY", "LD_DEBUG", "LD_PRELOAD")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
+    if preload is not None:
+        env["LD_PRELOAD"] = preload
     if bindings is not None:
         env.update(LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(bindings))
     proc = subprocess.run(
@@ -74,40 +81,51 @@ def _run(
 
 
 def _numba_openmp(bindings: Path) -> set[str]:
-    """The libgomp(s) Numba's OpenMP layer's GOMP_parallel was bound to, per the linker."""
+    """The libgomp(s) Numba's OpenMP layer's GOMP_parallel was bound to, per the linker (its
+    files, one per process and ~100 MB with PyTorch loaded, removed once read)."""
     found: set[str] = set()
-    for path in bindings.parent.glob(bindings.name + ".*"):  # one file per process
+    for path in bindings.parent.glob(bindings.name + ".*"):
         with open(path, encoding="utf-8", errors="replace") as f:
-            found |= {m.group(1) for line in f if (m := _BOUND.search(line))}
+            found |= {os.path.realpath(m.group(1)) for line in f if (m := _BOUND.search(line))}
+        path.unlink()
     return found
 
 
-@pytest.mark.parametrize(("entry", "shape"), [("runtime", "(300, "), ("embed", "(3, ")])
+def _torch_lib() -> str:
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.origin is not None
+    return os.path.realpath(Path(spec.origin).parent / "lib")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("entry", "shape"), [("runtime", "(4096, "), ("embed", "(3, ")])
 def test_torch_imported_first_numba_runs_on_its_own_openmp(entry, shape, tmp_path):
     pytest.importorskip("torch")
-    import torch
-
-    torch_lib = str(Path(torch.__file__).parent / "lib")
     proc = _run("torch", "linstream", entry=entry, bindings=tmp_path / "ld")
     bound = _numba_openmp(tmp_path / "ld")
     assert bound, "the linker bound no GOMP_parallel for Numba's OpenMP layer"
-    assert not any(p.startswith(torch_lib) for p in bound), bound  # not PyTorch's copy
+    assert not any(p.startswith(_torch_lib()) for p in bound), bound  # not PyTorch's copy
     assert _SAID not in proc.stderr, proc.stderr  # nothing to say: it waits passively
     assert f"policy PASSIVE {shape}" in proc.stdout, proc.stdout
 
 
-def test_numba_layer_loaded_on_torchs_openmp_first_is_told_once_with_the_remedy(tmp_path):
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("order", "preload"),
+    [
+        (("torch", "numba", "linstream"), None),  # Numba's layer loaded on PyTorch's copy first
+        (("torch", "linstream"), "libm.so.6"),  # LD_PRELOAD: not bound, a preload not bypassed
+    ],
+)
+def test_numba_left_on_torchs_openmp_is_told_once_with_the_remedy(order, preload, tmp_path):
     pytest.importorskip("torch")
-    import torch
-
-    torch_lib = str(Path(torch.__file__).parent / "lib")
-    proc = _run("torch", "numba", "linstream", bindings=tmp_path / "ld")
+    proc = _run(*order, bindings=tmp_path / "ld", preload=preload)
     bound = _numba_openmp(tmp_path / "ld")
-    assert bound and all(p.startswith(torch_lib) for p in bound), bound
+    assert bound and all(p.startswith(_torch_lib()) for p in bound), bound
     lines = [line for line in proc.stderr.splitlines() if _SAID in line]
     assert len(lines) == 1, proc.stderr
-    assert "libgomp.so" in lines[0] and "import linstream before running" in lines[0], lines
-    assert "policy PASSIVE (300, " in proc.stdout, proc.stdout
+    assert "libgomp.so" in lines[0] and "import linstream first" in lines[0], lines
+    assert "policy PASSIVE (4096, " in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -118,12 +136,13 @@ def test_numba_layer_loaded_on_torchs_openmp_first_is_told_once_with_the_remedy(
         (("torch", "linstream"), "ACTIVE"),  # the user's own policy: kept, nothing said
     ],
 )
+@pytest.mark.e2e
 def test_other_orders_and_a_users_policy_say_nothing(order, policy):
     if "torch" in order:
         pytest.importorskip("torch")
     proc = _run(*order, policy=policy)
     assert _SAID not in proc.stderr, proc.stderr
-    assert f"policy {policy or 'PASSIVE'} (300, " in proc.stdout, proc.stdout
+    assert f"policy {policy or 'PASSIVE'} (4096, " in proc.stdout, proc.stdout
 
 
 def test_the_libraries_are_found_by_name(tmp_path):
