@@ -15,9 +15,9 @@ system's libgomp.so.1.0.0 (it loads with the layer, at the first parallel kernel
 functions by name, looked up first in the process's global scope.  PyTorch's wheels put a copy of
 their own there (libgomp.so.1), loaded at `import torch`: without more, Numba's parallel regions
 would run on that copy, initialized without the variable.  Measured on a 2-vCPU Zen 4, 2,048-token
-float32 chunks (tests/bench/test_bench_import_order.py): RWKV-7 141M and Mamba-2 129M then ran
-at 0.85 and 0.87 of their speed in a process that imported linstream first; with the binding
-below, at 0.98 and 1.00.
+float32 chunks (tests/bench/test_bench_import_order.py, two runs): RWKV-7 141M and Mamba-2 129M
+then ran at 0.85-0.89 of their speed in a process that imported linstream first; with the
+binding below, at 0.98-1.04.
 
 So where a libgomp was loaded before this module set the variable, `bind_numba_openmp` loads
 Numba's OpenMP layer (its library, with ctypes) before any kernel of linstream runs, with
