@@ -18,9 +18,9 @@ import pytest
 from linstream.ops import omp_wait
 
 # Imports in the given order ("numba": a parallel kernel of the user's own runs first), then two
-# forwards of the built-in model (a line is said once a process, at its first forward) through
-# the runtime (`load_model`) or the Python API (`embed`, a Beam job in the process), then prints
-# the policy the process ends with.
+# forwards of the built-in model (a line is said at most once a process, when linstream's kernels
+# are first imported) through the runtime (`load_model`) or the Python API (`embed`, a Beam job
+# in the process), then prints the policy the process ends with.
 _SCRIPT = """
 import os, sys
 import numpy as np
